@@ -1,0 +1,1 @@
+"""Registers the built-in formats (filled in by the format modules)."""

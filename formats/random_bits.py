@@ -1,0 +1,75 @@
+"""Counter-based random bits for stochastic rounding, identical in torch and Triton.
+
+Every stochastic-rounding decision draws 32 random bits from a pure function of
+``(seed, step, element index)``, so the torch emulation and the fused kernels in
+``precisionlab.kernels`` write the same bits.  The mixer is Wellons' ``lowbias32``
+integer hash, evaluated in uint32 arithmetic (emulated here with int64 and masks):
+
+    key  = lowbias32(seed ^ lowbias32(step + 0x9E3779B9))
+    bits = lowbias32(lowbias32(index) ^ key)
+
+``index`` is the element's row-major linear index in the tensor being rounded,
+taken modulo 2**32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+GOLDEN32 = 0x9E3779B9
+_M1 = 0x7FEB352D
+_M2 = 0x846CA68B
+
+
+def lowbias32_int(x: int) -> int:
+    """The hash on a Python int (uint32 semantics)."""
+    x &= MASK32
+    x ^= x >> 16
+    x = (x * _M1) & MASK32
+    x ^= x >> 15
+    x = (x * _M2) & MASK32
+    x ^= x >> 16
+    return x
+
+
+def lowbias32(x: torch.Tensor) -> torch.Tensor:
+    """The hash on an int64 tensor holding uint32 values; returns the same."""
+    x = x & MASK32
+    x = x ^ (x >> 16)
+    x = (x * _M1) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * _M2) & MASK32
+    x = x ^ (x >> 16)
+    return x
+
+
+def stream_key(seed: int, step: int) -> int:
+    """The 32-bit key of one rounding pass (one seed, one step)."""
+    return lowbias32_int((seed & MASK32) ^ lowbias32_int((step + GOLDEN32) & MASK32))
+
+
+def random_bits(
+    shape: tuple[int, ...], seed: int, step: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """32 random bits per element of ``shape`` (int64 tensor, values in [0, 2**32))."""
+    n = 1
+    for s in shape:
+        n *= s
+    index = torch.arange(n, dtype=torch.int64, device=device).reshape(shape)
+    return lowbias32(lowbias32(index) ^ stream_key(seed, step))
+
+
+def uniform24(bits: torch.Tensor) -> torch.Tensor:
+    """Map 32 random bits to a float32 uniform on [0, 1) with 24-bit resolution (exact)."""
+    return (bits >> 8).to(torch.float32) * (2.0**-24)
+
+
+def resolve_seed(seed: int | None, generator: torch.Generator | None) -> int:
+    """A concrete 32-bit seed: ``seed`` if given, else one drawn from ``generator``,
+    else 0 (reproducible by default)."""
+    if seed is not None:
+        return int(seed) & MASK32
+    if generator is not None:
+        return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+    return 0
