@@ -1,9 +1,21 @@
-"""Format registry: built-in formats plus plug-ins from the ``precisionlab.formats``
-entry-point group."""
+"""Format registry: the built-in formats plus plug-ins from the
+``precisionlab.formats`` entry-point group.
+
+A plug-in package declares, in its ``pyproject.toml``::
+
+    [project.entry-points."precisionlab.formats"]
+    my-format = "my_package.module:MyFormat"
+
+where the object is a :class:`Format` subclass (instantiated with no arguments),
+a Format instance, or a callable returning one; the entry-point name becomes the
+format's name.  Plug-ins load lazily on the first :func:`get` or :func:`names`;
+a plug-in that fails to load, or that reuses a registered name, is skipped with
+a warning.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
 from importlib.metadata import entry_points
 
 from .base import Format
@@ -11,6 +23,7 @@ from .base import Format
 ENTRY_POINT_GROUP = "precisionlab.formats"
 
 _REGISTRY: dict[str, Format] = {}
+_PLUGINS: set[str] = set()
 _plugins_loaded = False
 
 
@@ -25,11 +38,13 @@ def register(cls_or_obj: type[Format] | Format | None = None, *, name: str | Non
     """Register a format class (instantiated with no arguments) or instance.
 
     Usable as ``@register`` or ``@register(name="my-format")`` on a class, or
-    called directly with an instance.
+    called directly with an instance.  Re-registering a name replaces it.
     """
 
     def add(obj: type[Format] | Format) -> type[Format] | Format:
         inst = obj() if isinstance(obj, type) else obj
+        if not isinstance(inst, Format):
+            raise TypeError(f"register needs a Format subclass or instance, got {obj!r}")
         key = name or inst.name
         if not key:
             raise ValueError("a format needs a name")
@@ -42,17 +57,54 @@ def register(cls_or_obj: type[Format] | Format | None = None, *, name: str | Non
     return add(cls_or_obj)
 
 
+def unregister(name: str) -> None:
+    """Remove a registered format (no error if absent)."""
+    _REGISTRY.pop(name, None)
+    _PLUGINS.discard(name)
+
+
+def _as_format(obj: object) -> Format:
+    if isinstance(obj, Format):
+        return obj
+    if isinstance(obj, type) and issubclass(obj, Format):
+        return obj()
+    if callable(obj):
+        made = obj()
+        if isinstance(made, Format):
+            return made
+    raise TypeError(f"entry point gave {obj!r}, not a Format, Format subclass or factory")
+
+
 def _load_plugins() -> None:
     global _plugins_loaded
     if _plugins_loaded:
         return
     _plugins_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()
-        if isinstance(obj, Format) or (isinstance(obj, type) and issubclass(obj, Format)):
-            register(obj, name=ep.name)
-        elif isinstance(obj, Callable):  # a factory returning a Format
-            register(obj(), name=ep.name)
+        if ep.name in _REGISTRY:
+            if ep.name not in _PLUGINS:
+                warnings.warn(
+                    f"format plug-in {ep.value!r} reuses the name {ep.name!r}; skipped",
+                    stacklevel=3,
+                )
+            continue
+        try:
+            fmt = _as_format(ep.load())
+        except Exception as exc:  # a broken plug-in must not break the built-ins
+            warnings.warn(f"format plug-in {ep.name!r} failed to load: {exc}", stacklevel=3)
+            continue
+        register(fmt, name=ep.name)
+        _PLUGINS.add(ep.name)
+
+
+def reload_plugins() -> None:
+    """Drop the formats that came from entry points and scan the group again
+    (after installing a plug-in into a running interpreter)."""
+    global _plugins_loaded
+    for key in list(_PLUGINS):
+        unregister(key)
+    _plugins_loaded = False
+    _load_plugins()
 
 
 def names() -> list[str]:
@@ -72,14 +124,3 @@ def get(name: str | Format) -> Format:
         raise UnknownFormatError(
             f"unknown format {name!r}; known formats: {', '.join(_REGISTRY)}"
         ) from None
-
-
-def plugin_loader() -> Callable[[], None]:
-    """Force a re-scan of entry points (used by tests that install a plug-in)."""
-
-    def reload() -> None:
-        global _plugins_loaded
-        _plugins_loaded = False
-        _load_plugins()
-
-    return reload

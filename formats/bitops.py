@@ -1,0 +1,159 @@
+"""Shared bit-level helpers: float32 bit views, exact powers of two, and
+round-to-nearest-even into narrow float formats that torch has no dtype for.
+
+Everything here is elementwise torch arithmetic (CPU or CUDA, no host sync) and
+exact: rounding happens once, in ``torch.round`` (ties to even) on a value
+scaled by an exact power of two, never in an intermediate float operation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import FormatError
+
+F32_MANT_BITS = 23
+F32_BIAS = 127
+INF = float("inf")
+
+
+def as_float32(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``x`` as a contiguous float32 tensor (fp64/fp16/bf16 are cast, RNE)."""
+    if not isinstance(x, torch.Tensor):
+        raise FormatError(f"{fmt} encodes a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise FormatError(f"{fmt} encodes floating-point tensors, got {x.dtype}")
+    return x.to(torch.float32).contiguous()
+
+
+def require_last_axis(x: torch.Tensor, fmt: str, multiple: int = 1) -> None:
+    """FormatError unless ``x`` has a last axis that is a non-zero multiple of ``multiple``."""
+    if x.dim() == 0:
+        raise FormatError(f"{fmt} needs a tensor with at least one axis, got a scalar")
+    n = x.shape[-1]
+    if n == 0:
+        raise FormatError(f"{fmt} needs a non-empty last axis, got shape {tuple(x.shape)}")
+    if n % multiple:
+        raise FormatError(f"{fmt} needs the last axis to be a multiple of {multiple}, got {n}")
+
+
+def f32_bits(x: torch.Tensor) -> torch.Tensor:
+    """The int32 bit pattern of a float32 tensor."""
+    return x.view(torch.int32)
+
+
+def exponent_of(a: torch.Tensor) -> torch.Tensor:
+    """Unbiased float32 exponent field of ``a`` (int32): ``floor(log2(|a|))`` for
+    normal values, -127 for zeros and fp32 subnormals, 128 for inf and NaN."""
+    return ((f32_bits(a) >> F32_MANT_BITS) & 0xFF) - F32_BIAS
+
+
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """Exactly ``2.0**k`` as float32 for an integer tensor ``k`` in [-149, 127]
+    (built from bits, so fp32 subnormals such as 2**-127 are exact too)."""
+    k = k.to(torch.int32)
+    normal = (k + F32_BIAS).clamp(1, 254) << F32_MANT_BITS
+    subnormal = torch.ones_like(k) << (k + 149).clamp(0, 22)
+    return torch.where(k >= -126, normal, subnormal).view(torch.float32)
+
+
+def grid_exponent(a: torch.Tensor, emin: int) -> torch.Tensor:
+    """``max(floor(log2 a), emin)`` for ``a >= 0`` (valid for any ``emin >= -126``;
+    inf and NaN give 128)."""
+    return exponent_of(a).clamp_min(emin)
+
+
+@dataclass(frozen=True)
+class MiniFloat:
+    """A narrow IEEE-like binary float without inf (E2M1, E4M3, E5M2 finite part)."""
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    max_normal: float
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal number."""
+        return 1 - self.bias
+
+    @property
+    def min_subnormal(self) -> float:
+        return 2.0 ** (self.emin - self.mantissa_bits)
+
+
+E2M1 = MiniFloat("e2m1", 2, 1, 1, 6.0)
+E4M3 = MiniFloat("e4m3", 4, 3, 7, 448.0)
+E5M2 = MiniFloat("e5m2", 5, 2, 15, 57344.0)
+
+
+def round_magnitude(a: torch.Tensor, fmt: MiniFloat) -> torch.Tensor:
+    """RNE of ``a >= 0`` (float32) onto ``fmt``'s grid, saturating at max_normal.
+
+    ``e = max(floor(log2 a), emin)``, ``ulp = 2**(e - mantissa_bits)``,
+    ``q = round_half_even(a / ulp) * ulp`` (every step exact), ``min(q, max_normal)``.
+    inf saturates; NaN stays NaN.
+    """
+    e = grid_exponent(a, fmt.emin).clamp_max(127 + fmt.mantissa_bits)
+    ulp = pow2(e - fmt.mantissa_bits)
+    return torch.clamp_max(torch.round(a / ulp) * ulp, fmt.max_normal)
+
+
+def magnitude_code(q: torch.Tensor, fmt: MiniFloat) -> torch.Tensor:
+    """The code (without sign) of a float32 ``q >= 0`` already on ``fmt``'s grid (int32)."""
+    m = fmt.mantissa_bits
+    sub = (q * (1.0 / fmt.min_subnormal)).to(torch.int32)  # exact: q is a multiple of it
+    mant = (f32_bits(q) >> (F32_MANT_BITS - m)) & ((1 << m) - 1)
+    normal = ((exponent_of(q) + fmt.bias) << m) | mant
+    return torch.where(q < 2.0**fmt.emin, sub, normal)
+
+
+def encode_minifloat(
+    y: torch.Tensor, fmt: MiniFloat, *, negative_zero: bool = True
+) -> torch.Tensor:
+    """RNE codes (uint8, one per element) of float32 ``y`` in ``fmt``, saturating
+    finite overflow and ±inf to ±max_normal.
+
+    Code layout: sign in bit ``E+M``, then the biased exponent, then the mantissa.
+    The sign bit is ``signbit(y)`` (so -0.0 and negatives that round to zero give
+    the negative-zero code); with ``negative_zero=False`` it is ``y < 0`` instead
+    (-0.0 gives +0).  NaN gives an unspecified code: callers handle NaN.
+    """
+    mag = magnitude_code(round_magnitude(y.abs(), fmt), fmt)
+    neg = torch.signbit(y) if negative_zero else y < 0
+    sign = neg.to(torch.int32) << (fmt.exponent_bits + fmt.mantissa_bits)
+    return (mag | sign).to(torch.uint8)
+
+
+def decode_minifloat(codes: torch.Tensor, fmt: MiniFloat) -> torch.Tensor:
+    """float32 values of ``fmt`` codes (uint8, one per element; no NaN/inf codes)."""
+    c = codes.to(torch.int32)
+    m = fmt.mantissa_bits
+    mant = c & ((1 << m) - 1)
+    exp = (c >> m) & ((1 << fmt.exponent_bits) - 1)
+    frac = mant.to(torch.float32) * (2.0**-m)
+    normal = pow2(exp - fmt.bias) * (1.0 + frac)
+    value = torch.where(exp == 0, mant.to(torch.float32) * fmt.min_subnormal, normal)
+    sign = (c >> (fmt.exponent_bits + m)) & 1
+    return torch.where(sign == 1, -value, value)
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes per byte along the last axis: element 2i in the low nibble,
+    element 2i+1 in the high nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_nibbles` (uint8, last axis doubled)."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+def finite_abs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(|x| with NaN and ±inf replaced by 0, mask of finite elements)``."""
+    a = x.abs()
+    finite = a < INF  # False for NaN and inf
+    return torch.where(finite, a, 0.0), finite

@@ -1,0 +1,140 @@
+"""Unscaled IEEE formats: fp32, fp16, bf16 (round to nearest even) and the
+stochastic-rounding variants fp16-sr, bf16-sr.
+
+Bit layout: ``codes`` is the int32 (fp32) or int16 (the 16-bit formats) bit view
+of the stored value, same shape as the input; there are no scales.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Format, FormatError, FormatSpec, Packed
+from .bitops import as_float32, grid_exponent, pow2
+from .random_bits import random_bits, resolve_seed, uniform24
+
+FP32_SPEC = FormatSpec(8, 23, 127, 3.4028234663852886e38, 2.0**-149)
+FP16_SPEC = FormatSpec(5, 10, 15, 65504.0, 2.0**-24)
+BF16_SPEC = FormatSpec(8, 7, 127, 3.3895313892515355e38, 2.0**-133)
+
+_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+class _IEEEFormat(Format):
+    """Stores each element as one IEEE value of ``dtype`` (torch's RNE cast:
+    fp16/bf16 overflow to ±inf as IEEE requires; NaN and ±inf are kept)."""
+
+    dtype: torch.dtype
+
+    def encode(self, x, *, generator=None, seed=None, step=0) -> Packed:
+        x = as_float32(x, self.name)
+        return self._pack(self._round(x, generator=generator, seed=seed, step=step), x.shape)
+
+    def _round(self, x: torch.Tensor, **_) -> torch.Tensor:
+        return x.to(self.dtype)
+
+    def _pack(self, values: torch.Tensor, shape: torch.Size) -> Packed:
+        return Packed(self.name, values.view(_INT_VIEW[self.dtype]), tuple(shape))
+
+    def decode(self, packed: Packed) -> torch.Tensor:
+        if packed.format != self.name:
+            raise FormatError(f"{self.name} cannot decode a {packed.format} value")
+        return packed.codes.view(self.dtype).to(torch.float32)
+
+    def bits_per_element(self, shape=None) -> float:
+        return float(torch.finfo(self.dtype).bits)
+
+
+class FP32(_IEEEFormat):
+    """fp32: codes = ``x.view(int32)`` (fp64 input is rounded to fp32, RNE)."""
+
+    name = "fp32"
+    dtype = torch.float32
+    spec = FP32_SPEC
+
+    def _round(self, x: torch.Tensor, **_) -> torch.Tensor:
+        return x.clone()  # the codes must not alias the caller's tensor
+
+
+class FP16(_IEEEFormat):
+    """fp16 (IEEE binary16), RNE: codes = int16 bit view of ``x.to(float16)``."""
+
+    name = "fp16"
+    dtype = torch.float16
+    spec = FP16_SPEC
+
+
+class BF16(_IEEEFormat):
+    """bf16, RNE: codes = int16 bit view of ``x.to(bfloat16)``."""
+
+    name = "bf16"
+    dtype = torch.bfloat16
+    spec = BF16_SPEC
+
+
+def stochastic_round(
+    x: torch.Tensor, *, mantissa_bits: int, emin: int, max_normal: float, seed: int, step: int
+) -> torch.Tensor:
+    """Stochastically round float32 ``x`` onto the grid of a binary float with
+    ``mantissa_bits`` stored mantissa bits and minimum normal exponent ``emin``.
+
+    The algorithm the kernels reproduce bit for bit; for each element, with
+    ``i`` its row-major linear index in ``x``:
+
+        u    = uniform24(random_bits(x.shape, seed, step))[i]   # k * 2**-24, k < 2**24
+        e    = max(floor(log2|x|), emin)          # from the fp32 exponent field
+        ulp  = 2**(e - mantissa_bits)             # exact, built from bits
+        v    = |x| / ulp                          # exact
+        lo   = floor(v);  frac = v - lo           # exact
+        q    = (lo + (u < frac)) * ulp            # exact
+        q    = min(q, max_normal)                 # finite values never become inf
+        out  = copysign(q, x)                     # -0 stays -0
+        out  = x where x is NaN or ±inf
+
+    Returns float32 values exactly representable in the target format.
+    """
+    a = x.abs()
+    ulp = pow2(grid_exponent(a, emin).clamp_max(127 + mantissa_bits) - mantissa_bits)
+    v = a / ulp
+    lo = torch.floor(v)
+    u = uniform24(random_bits(tuple(x.shape), seed, step, x.device))
+    q = (lo + (u < (v - lo)).to(torch.float32)) * ulp
+    q = torch.copysign(torch.clamp_max(q, max_normal), x)
+    return torch.where(torch.isfinite(x), q, x)
+
+
+class _StochasticFormat(_IEEEFormat):
+    """16-bit float with stochastic rounding (see :func:`stochastic_round`).
+
+    Same bit layout as the round-to-nearest format.  ``seed`` (or one drawn from
+    ``generator``, else 0) and ``step`` select the random stream; the same
+    ``(seed, step)`` and input give the same bits on CPU and CUDA.  Finite inputs
+    saturate at ±max_normal instead of overflowing to inf.
+    """
+
+    def _round(self, x, *, generator=None, seed=None, step=0) -> torch.Tensor:
+        q = stochastic_round(
+            x,
+            mantissa_bits=self.spec.mantissa_bits,
+            emin=1 - self.spec.bias,
+            max_normal=self.spec.max_normal,
+            seed=resolve_seed(seed, generator),
+            step=int(step),
+        )
+        return q.to(self.dtype)  # exact: q is on the target grid
+
+
+class FP16SR(_StochasticFormat):
+    """fp16 with stochastic rounding (emin = -14, 10 mantissa bits)."""
+
+    name = "fp16-sr"
+    dtype = torch.float16
+    spec = FormatSpec(5, 10, 15, 65504.0, 2.0**-24, rounding="stochastic")
+
+
+class BF16SR(_StochasticFormat):
+    """bf16 with stochastic rounding (emin = -126, 7 mantissa bits)."""
+
+    name = "bf16-sr"
+    dtype = torch.bfloat16
+    spec = FormatSpec(8, 7, 127, 3.3895313892515355e38, 2.0**-133, rounding="stochastic")
