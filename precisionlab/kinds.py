@@ -105,6 +105,32 @@ class LayerKind:
         fp32 state (the caller resets the ring)."""
         raise NotImplementedError
 
+    # --- per-sequence positions (speculative decoding) ---------------------
+    def replay_at(
+        self, S_read: torch.Tensor, ring: Ring, inp: Any, params: Any, pos: torch.Tensor
+    ) -> torch.Tensor:
+        """Write this step's entry at ring position ``pos[b]`` of each sequence and
+        return its output from ``S_read`` and the entries before it."""
+        raise NotImplementedError
+
+    def fold_valid(
+        self, S_ckpt: torch.Tensor, ring: Ring, params: Any, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Fold the ``valid`` (batch, capacity) entries of the ring into ``S_ckpt``."""
+        raise NotImplementedError
+
+
+def _write_at(ring: Ring, pos: torch.Tensor, **values: torch.Tensor) -> None:
+    rows = torch.arange(pos.shape[0], device=pos.device)
+    for name, value in values.items():
+        ring.fields[name][rows, pos] = value.to(ring.fields[name].dtype)
+
+
+def _positions_before(ring: Ring, pos: torch.Tensor, inclusive: bool) -> torch.Tensor:
+    capacity = next(iter(ring.fields.values())).shape[1]
+    idx = torch.arange(capacity, device=pos.device)[None]
+    return idx <= pos[:, None] if inclusive else idx < pos[:, None]
+
 
 def _as_ring(t: torch.Tensor, ring_dtype: torch.dtype) -> torch.Tensor:
     """Round to the ring dtype and back: the value the ring (and the reference) see."""
@@ -150,6 +176,16 @@ class Mamba2Kind(LayerKind):
         self._append(ring, inp)
         return mamba2.fold(S_ckpt, *ring.view("x", "B", "dt"), params)
 
+    def replay_at(self, S_read, ring, inp, params, pos):
+        _write_at(ring, pos, x=inp.x, B=inp.B, dt=inp.dt)
+        valid = _positions_before(ring, pos, inclusive=True)
+        f = ring.fields
+        return mamba2.replay_output(S_read, f["x"], f["B"], f["dt"], inp, params, valid)
+
+    def fold_valid(self, S_ckpt, ring, params, valid):
+        f = ring.fields
+        return mamba2.fold(S_ckpt, f["x"], f["B"], f["dt"], params, valid)
+
 
 class GDNKind(LayerKind):
     name = "gdn"
@@ -192,6 +228,17 @@ class GDNKind(LayerKind):
     def flush(self, S_ckpt, ring, inp, params):
         ring.append(k=inp.k, v=inp.v, g=inp.g, beta=inp.beta)
         return gdn.fold(S_ckpt, *ring.view("k", "v", "g", "beta"))
+
+    def replay_at(self, S_read, ring, inp, params, pos):
+        f = ring.fields
+        valid = _positions_before(ring, pos, inclusive=False)
+        o, d = gdn.replay_step(S_read, f["k"], f["g"], f["d"], inp, valid)
+        _write_at(ring, pos, k=inp.k, v=inp.v, d=d, g=inp.g, beta=inp.beta)
+        return o
+
+    def fold_valid(self, S_ckpt, ring, params, valid):
+        f = ring.fields
+        return gdn.fold(S_ckpt, f["k"], f["v"], f["g"], f["beta"], valid)
 
 
 def kind_for(preset: Preset) -> LayerKind:

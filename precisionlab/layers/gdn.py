@@ -120,7 +120,7 @@ def replay_step(
     hv = S_c.shape[1]
     dtype = S_c.dtype
     q, k = to_value_heads(inp.q, hv), to_value_heads(inp.k, hv)
-    g_prior = _masked(ring_g, valid)
+    g_prior = _masked(ring_g.to(dtype), valid)
     cum, G = _prior_decay(g_prior)
     rk = to_value_heads(ring_k.to(dtype), hv, 2)
     rd = ring_d.to(dtype)

@@ -115,7 +115,7 @@ def replay_output(
     ``valid`` (batch, n) masks entries out per sequence (speculative drafts).
     """
     heads = S_c.shape[1]
-    dt = _masked_dt(ring_dt, valid)
+    dt = _masked_dt(ring_dt.to(S_c.dtype), valid)
     cum, last = _window_decay(dt, p.A)
     C = heads_of_groups(inp.C, heads)
     y = torch.exp(last)[..., None] * torch.einsum("bhpn,bhn->bhp", S_c, C)
@@ -135,7 +135,7 @@ def fold(
 ) -> torch.Tensor:
     """Flush: fold the ring into the checkpoint (a rank-n update), return the new state."""
     heads = S_c.shape[1]
-    dt = _masked_dt(ring_dt, valid)
+    dt = _masked_dt(ring_dt.to(S_c.dtype), valid)
     cum, last = _window_decay(dt, p.A)
     w = dt * torch.exp(last[:, None] - cum)
     B = heads_of_groups(ring_B.to(S_c.dtype), heads, 2)
