@@ -7,16 +7,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-
 from precisionlab.formats import get
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")],
-    ),
-]
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, NO_CUDA])]
 
 NP16 = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 TORCH16 = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -10,16 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-
 from precisionlab.formats import get
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")],
-    ),
-]
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, NO_CUDA])]
 
 # (mantissa bits, min normal exponent, max normal, numpy dtype, rounding twin)
 PARAMS = {
@@ -190,4 +184,5 @@ def test_leading_shape_and_index_order(device):
     flat = f.encode(x.reshape(-1), seed=1, step=2).codes.reshape(3, 5, 64)
     assert torch.equal(full, flat)
     t = x.transpose(1, 2)  # non-contiguous input: index follows its logical order
-    assert torch.equal(f.encode(t, seed=1, step=2).codes, f.encode(t.contiguous(), seed=1, step=2).codes)
+    tc = t.contiguous()
+    assert torch.equal(f.encode(t, seed=1, step=2).codes, f.encode(tc, seed=1, step=2).codes)
