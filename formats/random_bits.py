@@ -34,13 +34,27 @@ def lowbias32_int(x: int) -> int:
 
 
 def lowbias32(x: torch.Tensor) -> torch.Tensor:
-    """The hash on an int64 tensor holding uint32 values; returns the same."""
+    """The hash on an int64 tensor holding uint32 values; returns a new tensor."""
+    return _lowbias32_i32(_to_i32(x)).to(torch.int64) & MASK32
+
+
+def _to_i32(x: torch.Tensor) -> torch.Tensor:
+    """uint32 values (in int64) -> the same bits as int32 (two's complement)."""
     x = x & MASK32
-    x = x ^ (x >> 16)
-    x = (x * _M1) & MASK32
-    x = x ^ (x >> 15)
-    x = (x * _M2) & MASK32
-    x = x ^ (x >> 16)
+    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
+
+
+_M2_I32 = _M2 - 2**32  # the same 32 bits as a signed int32 constant
+
+
+def _lowbias32_i32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on int32 bit patterns: multiplications wrap mod 2**32 and the
+    masks turn arithmetic shifts into logical ones.  Works in place on ``x``."""
+    x ^= (x >> 16) & 0xFFFF
+    x.mul_(_M1)
+    x ^= (x >> 15) & 0x1FFFF
+    x.mul_(_M2_I32)
+    x ^= (x >> 16) & 0xFFFF
     return x
 
 
@@ -49,15 +63,44 @@ def stream_key(seed: int, step: int) -> int:
     return lowbias32_int((seed & MASK32) ^ lowbias32_int((step + GOLDEN32) & MASK32))
 
 
+_INDEX_HASH: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _hashed_index(n: int, device: torch.device | str) -> torch.Tensor:
+    """``lowbias32(arange(n))`` as int32 bits, cached per size and device (it does not
+    depend on seed or step)."""
+    key = (n, str(device))
+    cached = _INDEX_HASH.get(key)
+    if cached is None:
+        if len(_INDEX_HASH) > 8:
+            _INDEX_HASH.clear()
+        cached = _lowbias32_i32(_to_i32(torch.arange(n, dtype=torch.int64, device=device)))
+        _INDEX_HASH[key] = cached
+    return cached
+
+
+def _bits_i32(shape: tuple[int, ...], seed: int, step: int, device) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    key = stream_key(seed, step)
+    key_i32 = key - 2**32 if key >= 2**31 else key
+    return _lowbias32_i32(_hashed_index(n, device) ^ key_i32).reshape(shape)
+
+
 def random_bits(
     shape: tuple[int, ...], seed: int, step: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """32 random bits per element of ``shape`` (int64 tensor, values in [0, 2**32))."""
-    n = 1
-    for s in shape:
-        n *= s
-    index = torch.arange(n, dtype=torch.int64, device=device).reshape(shape)
-    return lowbias32(lowbias32(index) ^ stream_key(seed, step))
+    return _bits_i32(shape, seed, step, device).to(torch.int64) & MASK32
+
+
+def random_uniform(
+    shape: tuple[int, ...], seed: int, step: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``uniform24(random_bits(shape, seed, step))`` without the int64 detour."""
+    bits = _bits_i32(shape, seed, step, device)
+    return ((bits >> 8) & 0xFFFFFF).to(torch.float32) * (2.0**-24)
 
 
 def uniform24(bits: torch.Tensor) -> torch.Tensor:
