@@ -1,0 +1,143 @@
+"""Write and read results: netCDF (.nc, via h5netcdf), zarr (.zarr) and tidy CSV
+(.csv), chosen by suffix.  Writes are atomic: a temporary sibling, then a rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+SUFFIXES = (".nc", ".zarr", ".csv")
+CSV_HEADER = "# precisionlab-result "
+STEP_DIMS = ("design", "format", "window", "step")
+
+
+class ResultError(ValueError):
+    """A result path that cannot be written or read."""
+
+
+def _suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise ResultError(
+            f"cannot tell the file type of {str(path)!r}: use one of {', '.join(SUFFIXES)}"
+        )
+    return suffix
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """Fail early (before a long run) if ``path`` cannot be written."""
+    path = Path(path)
+    _suffix(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ResultError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ResultError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
+    if path.is_dir() and path.suffix.lower() != ".zarr":
+        raise ResultError(f"cannot write {str(path)!r}: it is a folder")
+    return path
+
+
+def to_tidy(ds: xr.Dataset) -> pd.DataFrame:
+    """One row per (design, format, window, step); per-configuration variables repeat."""
+    step_vars = [v for v in ds.data_vars if ds[v].dims == STEP_DIMS]
+    df = ds[step_vars].to_dataframe().reset_index()
+    others = [v for v in ds.data_vars if v not in step_vars]
+    if others:
+        cfg = ds[others].to_dataframe().reset_index()
+        df = df.merge(cfg, on=[d for d in STEP_DIMS[:-1] if d in cfg.columns], how="left")
+    return df
+
+
+def from_tidy(df: pd.DataFrame, attrs: dict) -> xr.Dataset:
+    """Inverse of :func:`to_tidy`."""
+    df = df.set_index(list(STEP_DIMS))
+    config_vars = json.loads(attrs.pop("_config_vars", "[]"))
+    ds = xr.Dataset.from_dataframe(df[[c for c in df.columns if c not in config_vars]])
+    for v in config_vars:
+        ds[v] = xr.DataArray.from_series(
+            df[v].groupby(level=list(STEP_DIMS[:-1]), sort=False).first()
+        )
+    ds.attrs.update(attrs)
+    return ds
+
+
+def _netcdf_attrs(attrs: dict) -> dict:
+    """netCDF attributes must be strings or numbers."""
+    out = {}
+    for k, v in attrs.items():
+        if isinstance(v, bool):
+            v = int(v)
+        elif isinstance(v, str):
+            v = str(v)  # plain str: subclasses (e.g. torch's version) confuse h5py
+        elif not isinstance(v, str | int | float | np.integer | np.floating):
+            v = json.dumps(v)
+        out[k] = v
+    return out
+
+
+def _atomic(path: Path, write) -> None:
+    tmp_dir = tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = Path(tmp_dir) / path.name
+    try:
+        write(tmp)
+        if path.is_dir():  # a zarr store being replaced: move the old one aside first
+            os.replace(path, Path(tmp_dir) / (path.name + ".old"))
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def save_result(ds: xr.Dataset, path: str | os.PathLike) -> Path:
+    """Write ``ds`` to ``path`` (type from its suffix), atomically."""
+    path = check_writable(path)
+    suffix = _suffix(path)
+    ds = ds.copy()
+    ds.attrs = _netcdf_attrs(ds.attrs)
+    if suffix == ".nc":
+        _atomic(path, lambda p: ds.to_netcdf(p, engine="h5netcdf"))
+    elif suffix == ".zarr":
+        _atomic(path, lambda p: ds.to_zarr(p, mode="w", zarr_format=2, consolidated=True))
+    else:
+        config_vars = [v for v in ds.data_vars if ds[v].dims != STEP_DIMS]
+        header = CSV_HEADER + json.dumps({**ds.attrs, "_config_vars": json.dumps(config_vars)})
+
+        def write_csv(p: Path) -> None:
+            with open(p, "w", newline="") as fh:
+                fh.write(header + "\n")
+                to_tidy(ds).to_csv(fh, index=False)
+
+        _atomic(path, write_csv)
+    return path
+
+
+def load_result(path: str | os.PathLike) -> xr.Dataset:
+    """Read a result written by :func:`save_result`."""
+    path = Path(path)
+    suffix = _suffix(path)
+    if not path.exists():
+        raise ResultError(f"result not found: {str(path)!r}")
+    try:
+        if suffix == ".nc":
+            with xr.open_dataset(path, engine="h5netcdf") as ds:
+                return ds.load()
+        if suffix == ".zarr":
+            return xr.open_zarr(path, consolidated=True).load()
+        with open(path) as fh:
+            first = fh.readline()
+            if not first.startswith(CSV_HEADER):
+                raise ResultError(f"{str(path)!r} is not a precisionlab CSV result")
+            attrs = json.loads(first[len(CSV_HEADER):])
+            df = pd.read_csv(fh)
+        return from_tidy(df, attrs)
+    except ResultError:
+        raise
+    except Exception as exc:  # any reader failure is the file's fault, not ours
+        raise ResultError(f"cannot read result {str(path)!r}: {exc}") from None

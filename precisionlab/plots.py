@@ -1,0 +1,93 @@
+"""Figures of drift results (seaborn + matplotlib, written as PNG atomically)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import seaborn as sns  # noqa: E402
+import xarray as xr  # noqa: E402
+
+from .metrics import output_steps, summarise  # noqa: E402
+
+PLOT_KINDS = ("curves", "window")
+
+
+class PlotError(ValueError):
+    """A plot that cannot be made (unknown kind, bad path)."""
+
+
+def _subtitle(ds: xr.Dataset) -> str:
+    a = ds.attrs
+    parts = [f"{a.get('model', '?')} ({a.get('kind', '?')})", f"batch {a.get('batch', '?')}",
+             f"checkpoint {a.get('checkpoint_format', '?')}", f"ring {a.get('ring_dtype', '?')}",
+             f"dynamics {a.get('dynamics', '?')}", f"seed {a.get('seed', '?')}"]
+    return ", ".join(parts)
+
+
+def curves_figure(ds: xr.Dataset) -> plt.Figure:
+    """Output error vs step on log axes: hue = format, style = design, one panel per
+    window.  Flush steps (which read the fresh fp32 state) are left out."""
+    df = output_steps(ds).to_dataframe(name="rel_err").reset_index().dropna()
+    df = df[df["rel_err"] > 0]
+    df["step"] = df["step"] + 1
+    grid = sns.relplot(
+        data=df, x="step", y="rel_err", hue="format", style="design", col="window",
+        kind="line", col_wrap=min(3, ds.sizes["window"]), height=3.6, aspect=1.3,
+        facet_kws={"sharey": True}, errorbar=None, linewidth=1.0,
+    )
+    grid.set(xscale="log", yscale="log")
+    grid.set_axis_labels("decode step", "relative L2 output error")
+    grid.set_titles("window L = {col_name}")
+    grid.figure.suptitle(f"Output drift vs fp64 reference — {_subtitle(ds)}", fontsize=10)
+    grid.figure.tight_layout()
+    return grid.figure
+
+
+def window_figure(ds: xr.Dataset) -> plt.Figure:
+    """Heat map of the final error (window x format), one panel per design."""
+    final = summarise(ds, "final")
+    n = ds.sizes["design"]
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n + 1, 0.5 * ds.sizes["window"] + 2.5),
+                             squeeze=False)
+    vmin = float(final.where(final > 0).min())
+    vmax = float(final.max())
+    norm = matplotlib.colors.LogNorm(vmin=max(vmin, 1e-12), vmax=max(vmax, vmin * 10))
+    for ax, design in zip(axes[0], ds["design"].values):
+        table = final.sel(design=design).transpose("window", "format").to_pandas()
+        sns.heatmap(table, ax=ax, annot=True, fmt=".1e", norm=norm, cmap="rocket_r",
+                    cbar=ax is axes[0][-1], annot_kws={"fontsize": 8})
+        ax.set_title(f"design: {design}")
+        ax.set_xlabel("read format")
+        ax.set_ylabel("window L")
+    fig.suptitle(f"Final relative output error — {_subtitle(ds)}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves") -> Path:
+    """Draw ``kind`` ('curves' or 'window') and write it to ``path`` (PNG), atomically."""
+    if kind not in PLOT_KINDS:
+        raise PlotError(f"unknown plot kind {kind!r}; choose one of {', '.join(PLOT_KINDS)}")
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise PlotError(f"plots are written as PNG: give a path ending in .png, not {str(path)!r}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise PlotError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
+    fig = curves_figure(ds) if kind == "curves" else window_figure(ds)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=130)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -1,0 +1,197 @@
+"""The drift study: every (design, format, window) against the fp64 reference,
+step by step, as an ``xarray.Dataset``."""
+
+from __future__ import annotations
+
+import platform
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+
+from precisionlab import __version__, engine
+from precisionlab.designs import DESIGN_KINDS, Design, make_design
+from precisionlab.kinds import ring_dtype_of
+from precisionlab.metrics import growth_exponent, is_flush_step
+from precisionlab.traces import DYNAMICS, SavedTrace, Trace, TraceError, open_trace
+
+DEFAULT_STEPS = 2048
+DEFAULT_BATCH = 2
+
+
+class StudyError(ValueError):
+    """Bad study settings (one clear message for the user)."""
+
+
+def _as_list(x: str | int | Sequence) -> list:
+    return [x] if isinstance(x, str | int) else list(x)
+
+
+def build_designs(
+    designs: Sequence[str], formats: Sequence[str], windows: Sequence[int], checkpoint_format: str
+) -> list[Design]:
+    """All (design, format, window) combinations, validated."""
+    if not designs or not formats or not windows:
+        raise StudyError("give at least one design, one format and one window")
+    out = []
+    for kind in designs:
+        if kind not in DESIGN_KINDS:
+            raise StudyError(f"unknown design {kind!r}; choose from {', '.join(DESIGN_KINDS)}")
+        for fmt in formats:
+            for w in windows:
+                out.append(make_design(kind, fmt, int(w), checkpoint_format))
+    return out
+
+
+def versions() -> dict[str, str]:
+    """Package versions recorded in every result."""
+    import scipy  # noqa: F401
+
+    v = {"precisionlab": __version__, "torch": torch.__version__, "numpy": np.__version__,
+         "xarray": xr.__version__, "python": platform.python_version()}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        pass
+    return v
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def open_model(model: str, *, steps: int | None, batch: int, seed: int, dynamics: str) -> Trace:
+    """A preset name or a trace file, as a trace of (at most) ``steps`` steps."""
+    if dynamics not in DYNAMICS:
+        raise StudyError(f"unknown dynamics {dynamics!r}; choose one of {', '.join(DYNAMICS)}")
+    if steps is not None and steps < 1:
+        raise StudyError(f"steps must be positive, got {steps}")
+    if batch < 1:
+        raise StudyError(f"batch must be positive, got {batch}")
+    try:
+        trace = open_trace(model, steps=steps or DEFAULT_STEPS, batch=batch, seed=seed,
+                           dynamics=dynamics)
+    except KeyError as exc:
+        raise StudyError(str(exc)) from None
+    except TraceError as exc:
+        raise StudyError(str(exc)) from None
+    if isinstance(trace, SavedTrace) and steps is not None:
+        trace.steps = min(trace.steps, steps)
+    return trace
+
+
+def drift(
+    model: str,
+    formats: str | Sequence[str],
+    designs: str | Sequence[str] = ("shared", "split"),
+    windows: int | Sequence[int] = (16,),
+    checkpoint_format: str = "fp32",
+    steps: int | None = None,
+    batch: int = DEFAULT_BATCH,
+    seed: int = 0,
+    dynamics: str = "trained",
+    ring_dtype: str = "bf16",
+    backend: str = "auto",
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    command: str | None = None,
+) -> xr.Dataset:
+    """Run the drift study and return its Dataset.
+
+    ``model`` is a preset name (synthetic trace) or a trace file.  Dimensions:
+    ``design``, ``format``, ``window``, ``step``.  Variables: ``rel_err`` (relative
+    L2 error of the outputs against the fp64 reference, mean over the batch),
+    ``rel_err_max`` (max over the batch), ``abs_err_max``, ``state_rel_err``
+    (relative error of the fresh fp32 state at flush steps, NaN elsewhere) and
+    ``growth`` (slope of log error vs log step over output steps: ~0 flat,
+    ~0.5 random walk).
+    """
+    designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
+    try:
+        ring_dtype_of(ring_dtype)
+        configs = build_designs(designs, formats, windows, checkpoint_format)
+    except (ValueError, KeyError) as exc:
+        raise StudyError(str(exc)) from None
+    trace = open_model(model, steps=steps, batch=batch, seed=seed, dynamics=dynamics)
+    try:
+        dev = engine.resolve_device(device)
+        be = engine.resolve_backend(backend, dev)
+    except engine.EngineError as exc:
+        raise StudyError(str(exc)) from None
+
+    n_steps = trace.steps
+    shape = (len(designs), len(formats), len(windows), n_steps)
+    rel = np.full(shape, np.nan)
+    rel_max = np.full(shape, np.nan)
+    abs_max = np.full(shape, np.nan)
+    state = np.full(shape, np.nan)
+    index = [(designs.index(d.kind), formats.index(d.read_format), windows.index(d.window))
+             for d in configs]
+    for m in engine.run(trace, configs, device=str(dev), backend=be, ring_dtype=ring_dtype,
+                        seed=seed):
+        t = m.step
+        for j, (a, b, c) in enumerate(index):
+            rel[a, b, c, t] = float(m.rel_err[j].mean())
+            rel_max[a, b, c, t] = float(m.rel_err[j].max())
+            abs_max[a, b, c, t] = float(m.abs_err_max[j])
+            state[a, b, c, t] = float(m.state_rel_err[j].mean())
+        if progress is not None:
+            progress(t + 1, n_steps)
+
+    dims = ("design", "format", "window", "step")
+    coords = {"design": designs, "format": formats, "window": [int(w) for w in windows],
+              "step": np.arange(n_steps)}
+    ds = xr.Dataset(
+        {
+            "rel_err": (dims, rel, {"long_name": "relative L2 output error (batch mean)"}),
+            "rel_err_max": (dims, rel_max, {"long_name": "relative L2 output error (batch max)"}),
+            "abs_err_max": (dims, abs_max, {"long_name": "max absolute output error"}),
+            "state_rel_err": (dims, state,
+                              {"long_name": "relative L2 state error at flush steps"}),
+        },
+        coords=coords,
+    )
+    ds["growth"] = growth_exponent(ds)
+    p = trace.preset
+    ds.attrs.update({
+        "title": f"precisionlab drift: {p.name}",
+        "model": p.name,
+        "kind": p.kind,
+        "trace": trace.source,
+        **{f"dim_{k}": v for k, v in p.dims().items()},
+        "ssm_layers": p.ssm_layers,
+        "seed": seed,
+        "batch": trace.batch,
+        "steps": n_steps,
+        "checkpoint_format": checkpoint_format,
+        "ring_dtype": ring_dtype,
+        "dynamics": getattr(trace, "dynamics", "trace"),
+        "backend": be,
+        "device": device_name(dev),
+        **{f"version_{k}": v for k, v in versions().items()},
+        "command": command or _api_call("drift", model=model, formats=formats, designs=designs,
+                                        windows=windows, checkpoint_format=checkpoint_format,
+                                        steps=steps, batch=batch, seed=seed, dynamics=dynamics,
+                                        ring_dtype=ring_dtype, backend=backend, device=device),
+    })
+    return ds
+
+
+def _api_call(name: str, **kwargs) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    return f"precisionlab.{name}({args})"
+
+
+def cli_command() -> str:
+    """The command line that is running, for a result's ``command`` attribute."""
+    return shlex.join(["precisionlab", *sys.argv[1:]])
+
+
+__all__ = ["drift", "build_designs", "StudyError", "is_flush_step"]
