@@ -1,0 +1,88 @@
+"""Speculative decoding on a replay design: verify T draft tokens from the stored
+copy plus the ring without writing state, then commit the accepted ones by
+moving the per-slot commit pointer.
+
+Torch reference: ``precisionlab.speculative.SpeculativeDecoder`` (``verify`` ->
+``kinds.Mamba2Kind.replay_at``, its overflow flush -> ``fold_valid``).
+
+Semantics (per slot, ``c`` = committed ring entries):
+
+* ``verify``: if ``c + T > L`` the committed entries are first folded into a new
+  checkpoint (and read copy), in the same launch, and the drafts are replayed
+  from the freshly written copy (decoded in registers); the drafts go to ring
+  entries ``[c, c + T)`` behind the commit pointer.  Outputs of draft k use the
+  entries before it and itself, exactly as plain decoding would.
+* Speculative caches have two ring halves: a flushing verify reads the
+  committed entries from one half and writes its drafts to the other.
+* ``commit(n)``: ``c += n`` and the slot's step counter advances by ``n``;
+  rejected entries are overwritten by the next verify.
+* The stochastic-rounding step of a verify flush is ``steps[slot] - 1`` (the
+  last folded token's step); the torch decoder uses its flush counter instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .mamba2_kernel import MODE_VERIFY
+from .mamba2_step import Mamba2Cache, Mamba2Params, launch, slot_indices
+
+
+def mamba2_verify(
+    cache: Mamba2Cache,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    params: Mamba2Params,
+    *,
+    z: torch.Tensor | None = None,
+    state_indices: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    out: torch.Tensor | None = None,
+    block_p: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Outputs of ``T`` draft tokens per row, one launch.
+
+    ``x, z``: (batch, T, heads, P); ``dt``: (batch, T, heads); ``B, C``:
+    (batch, T, groups, N).  Returns (batch, T, heads, P) float32.  ``T`` must not
+    exceed the window.
+    """
+    T = x.shape[1]
+    if not cache.speculative:
+        raise ValueError("verify needs a cache allocated with speculative=True")
+    if not 1 <= T <= cache.window:
+        raise ValueError(f"draft length must be in [1, window={cache.window}], got {T}")
+    idx = state_indices if state_indices is not None else slot_indices(x.shape[0], x.device)
+    if out is None:
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    launch(MODE_VERIFY, cache.ckpt, cache.read, cache, x, dt, B, C, params, z=z, out=out,
+           state_indices=idx, T=T, dt_softplus=dt_softplus, seed=cache.seed,
+           block_p=block_p, num_warps=num_warps)
+    return out
+
+
+@triton.jit
+def _commit_kernel(ring_len, steps, state_idx, accepted, batch, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < batch
+    slot = tl.load(state_idx + offs, mask=m, other=-1)
+    ok = m & (slot >= 0)
+    n = tl.load(accepted + offs, mask=ok, other=0).to(tl.int32)
+    s = tl.where(ok, slot, 0)
+    tl.store(ring_len + s, tl.load(ring_len + s, mask=ok, other=0) + n, mask=ok)
+    tl.store(steps + s, tl.load(steps + s, mask=ok, other=0) + n, mask=ok)
+
+
+def mamba2_commit(
+    cache: Mamba2Cache, accepted: torch.Tensor, state_indices: torch.Tensor | None = None
+) -> None:
+    """Accept the first ``accepted[b]`` drafts of row b (integer tensor (batch,))."""
+    batch = accepted.shape[0]
+    idx = state_indices if state_indices is not None else slot_indices(batch, accepted.device)
+    block = 128
+    _commit_kernel[(triton.cdiv(batch, block),)](cache.ring_len, cache.steps, idx, accepted,
+                                                 batch, BLOCK=block)

@@ -1,0 +1,137 @@
+"""Triton device helpers shared by the decode kernels: gates, ring-buffer entries,
+window decay, and the per-slot counters that let one launch per step advance
+the ring without any host synchronisation.
+
+Ring layout (per state slot, capacity ``L`` entries, entry ``i`` = the i-th step
+since the checkpoint): ``ring_x (slots, L, heads, P)``, ``ring_B (slots, L,
+groups, N)`` in the ring dtype (``RING_*``: fp32, or bf16/fp16 as int16 bits),
+``ring_dt (slots, L, heads)`` float32.  Counters are int32 per slot:
+``ring_len`` (committed entries in the low 16 bits; the high bits pick the ring
+half for speculative caches), ``steps`` (decode steps taken, the SR step),
+``tickets`` (zero between launches).
+
+Speculative caches hold two ring halves of ``L`` entries (``LR = 2L`` rows per
+slot): a verify that must flush reads the committed entries of one half while
+its drafts go to the other, so no program overwrites entries that another
+program of the same launch still reads.
+
+Counter protocol: every program of a slot reads ``ring_len``/``steps`` at its
+start; at its end it takes a ticket (atomic add); the program that draws the
+last ticket writes the new counters and resets the ticket.  All programs of the
+slot have read the old values by then, so one launch per step is race-free and
+CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tl_formats import bf16_bits_to_f32, bf16_rne_bits, fp16_bits_to_f32, fp16_rne_bits
+
+RING_FP32 = 0
+RING_BF16 = 1
+RING_FP16 = 2
+
+
+@triton.jit
+def log1p_pos(u):
+    """log(1 + u) for 0 <= u <= 1, accurate to ~1e-6 relative even where the fast
+    hardware log is not (series below 0.1)."""
+    series = u * (1.0 - u * (0.5 - u * (0.3333333333 - u * (0.25 - u * (0.2 - u * (
+        0.1666666667 - u * 0.1428571429))))))
+    return tl.where(u < 0.1, series, tl.log(1.0 + u))
+
+
+@triton.jit
+def softplus(v):
+    """torch ``F.softplus(v, threshold=20)``: v above 20, else log1p(exp(v))."""
+    sp = tl.maximum(v, 0.0) + log1p_pos(tl.exp(-tl.abs(v)))
+    return tl.where(v > 20.0, v, sp)
+
+
+@triton.jit
+def gate(y, x, z, D, HAS_Z: tl.constexpr):
+    """``(y + D x) * silu(z)`` (no gate without z)."""
+    y = y + D * x
+    if HAS_Z:
+        y = y * (z * tl.sigmoid(z))
+    return y
+
+
+@triton.jit
+def ring_round(v, RING: tl.constexpr):
+    """The float32 value ``v`` takes when stored in the ring dtype."""
+    if RING == RING_BF16:
+        r = bf16_bits_to_f32(bf16_rne_bits(v))
+    elif RING == RING_FP16:
+        r = fp16_bits_to_f32(fp16_rne_bits(v))
+    else:
+        r = v
+    return r
+
+
+@triton.jit
+def ring_load(ptrs, mask, RING: tl.constexpr):
+    """Load ring entries as float32 (masked entries zero)."""
+    if RING == RING_BF16:
+        v = bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
+    elif RING == RING_FP16:
+        v = fp16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
+    else:
+        v = tl.load(ptrs, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def ring_store(ptrs, v, mask, RING: tl.constexpr):
+    """Store float32 ``v`` (already on the ring grid) into the ring."""
+    if RING == RING_BF16:
+        tl.store(ptrs, bf16_rne_bits(v), mask=mask)
+    elif RING == RING_FP16:
+        tl.store(ptrs, fp16_rne_bits(v), mask=mask)
+    else:
+        tl.store(ptrs, v, mask=mask)
+
+
+@triton.jit
+def dt_of(dt_raw, dt_bias, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+    """Step size from the raw input: ``softplus(dt + dt_bias)`` or as given."""
+    dt = dt_raw.to(tl.float32)
+    if HAS_DT_BIAS:
+        dt = dt + dt_bias
+    if DT_SOFTPLUS:
+        dt = softplus(dt)
+    return dt
+
+
+@triton.jit
+def ring_rows(slot, half, offs_r, L, LR):
+    """int64 ring row ``slot * LR + half * L + entry`` of each entry index."""
+    return slot.to(tl.int64) * LR + half * L + offs_r
+
+
+@triton.jit
+def decay_weights(dts, cum, offs_r, q):
+    """``(Lambda_q, w)`` for an output at entry ``q``: ``Lambda_q = cum[q]`` (exact
+    pick) and ``w_i = dt_i exp(Lambda_q - cum_i)`` for ``i <= q``, else 0."""
+    last = tl.sum(tl.where(offs_r == q, cum, 0.0), axis=0)
+    w = dts * tl.where(offs_r <= q, tl.exp(last - cum), 0.0)
+    return last, w
+
+
+@triton.jit
+def fold_rows(S, last, w, ex, eB):
+    """``exp(Lambda) S + sum_i w_i x_i B_i^T`` for one tile (float32, exact ieee dot)."""
+    upd = tl.dot(tl.trans(ex * w[:, None]), eB, input_precision="ieee")
+    return tl.exp(last) * S + upd
+
+
+@triton.jit
+def finish_slot(tickets, ring_len, steps, slot, nprog, new_len, new_steps):
+    """Take a ticket; the slot's last program publishes the new counters."""
+    old = tl.atomic_add(tickets + slot, 1)
+    if old == nprog - 1:
+        tl.store(ring_len + slot, new_len)
+        tl.store(steps + slot, new_steps)
+        tl.store(tickets + slot, 0)

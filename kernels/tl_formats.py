@@ -1,0 +1,449 @@
+"""Triton device functions for the state formats of :mod:`precisionlab.formats`.
+
+Every encoder here writes the same bits as ``precisionlab.formats.get(name).encode``
+(the torch reference of this module), element for element, on the GPU and in the
+Triton interpreter alike.  Rounding is done in float32 with exact integer and
+power-of-two arithmetic, never by a float cast of an inexact value (the
+interpreter truncates fp32 -> bf16/fp8 casts), and no fp8 dtype is used at all.
+
+Tiles are ``[BLOCK_P, N]`` float32: rows of one (slot, head) state matrix, the
+whole ``N`` (dstate) axis per row.  A format is a compile-time id (``FMT_*``);
+its storage is up to three tensors ``codes, s1, s2``:
+
+========== =================== ========================== ======================
+format     codes               s1                         s2
+========== =================== ========================== ======================
+fp32       float32 (P, N)      -                          -
+bf16(-sr)  int16 bits (P, N)   -                          -
+fp16(-sr)  int16 bits (P, N)   -                          -
+fp8-e4m3   uint8 (P, N)        float32 row scale (P, 1)   -
+nvfp4      uint8 (P, N/2)      uint8 E4M3 per 16 (P, N/16) float32 matrix (1, 1)
+mxfp4      uint8 (P, N/2)      uint8 E8M0 per 32 (P, N/32) -
+========== =================== ========================== ======================
+
+(per state matrix; tensors are ``(slots, heads, ...)``).  nvfp4 needs the amax of
+a whole matrix, so a tile that encodes nvfp4 must hold the whole matrix
+(``BLOCK_P >= P``; rows past ``P`` masked and zero).
+
+Stochastic rounding (``*-sr``) draws its bits from ``(seed, step, index)`` with
+the ``lowbias32`` hash of :mod:`precisionlab.formats.random_bits`; ``index`` is the
+row-major element index over the whole ``(slots, heads, P, N)`` tensor.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FMT_NONE = -1
+FMT_FP32 = 0
+FMT_BF16 = 1
+FMT_FP16 = 2
+FMT_BF16_SR = 3
+FMT_FP16_SR = 4
+FMT_FP8 = 5
+FMT_NVFP4 = 6
+FMT_MXFP4 = 7
+
+FORMAT_IDS: dict[str, int] = {
+    "fp32": FMT_FP32,
+    "bf16": FMT_BF16,
+    "fp16": FMT_FP16,
+    "bf16-sr": FMT_BF16_SR,
+    "fp16-sr": FMT_FP16_SR,
+    "fp8-e4m3": FMT_FP8,
+    "nvfp4": FMT_NVFP4,
+    "mxfp4": FMT_MXFP4,
+}
+"""Formats the kernels read and write, by registry name."""
+
+GOLDEN32 = 0x9E3779B9
+_M1 = 0x7FEB352D
+_M2 = 0x846CA68B
+
+
+def format_id(name: str) -> int:
+    """The kernel id of a format name (KeyError for formats the kernels lack)."""
+    try:
+        return FORMAT_IDS[name]
+    except KeyError:
+        raise KeyError(
+            f"no Triton kernel path for format {name!r}; kernels support {', '.join(FORMAT_IDS)}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- bits
+
+
+@triton.jit
+def f32_bits(x):
+    """int32 bit pattern of a float32 tensor."""
+    return x.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def exponent_of(a):
+    """Unbiased fp32 exponent field (int32): floor(log2|a|) for normals, -127 for
+    zero/subnormals, 128 for inf/NaN."""
+    return ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def pow2(k):
+    """Exactly ``2.0**k`` (float32) for int32 ``k`` in [-149, 127], built from bits."""
+    normal = tl.minimum(tl.maximum(k + 127, 1), 254) << 23
+    sub = tl.full(k.shape, 1, tl.int32) << tl.minimum(tl.maximum(k + 149, 0), 22)
+    return tl.where(k >= -126, normal, sub).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_half_even(v):
+    """Round ``0 <= v < 2**22`` (float32) to the nearest integer, ties to even."""
+    return (v + 8388608.0) - 8388608.0
+
+
+@triton.jit
+def signbit(x):
+    """True where the float32 sign bit is set (also for -0.0 and -NaN)."""
+    return x.to(tl.int32, bitcast=True) < 0
+
+
+@triton.jit
+def copysign(mag, x):
+    """``|mag|`` with the sign bit of ``x`` (bit ops: ``-q`` loses -0.0)."""
+    m = mag.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    s = x.to(tl.int32, bitcast=True) & (-2147483648)
+    return (m | s).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def is_finite(x):
+    return tl.abs(x) < float("inf")
+
+
+# ------------------------------------------------------------------ 16-bit floats
+
+
+@triton.jit
+def bf16_rne_bits(x):
+    """int16 bits of ``x.to(bfloat16)`` (RNE; NaN -> 0x7FC0 as torch on CPU)."""
+    b = x.to(tl.int32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where(x != x, 0x7FC0, r)
+    return r.to(tl.int16)
+
+
+@triton.jit
+def bf16_bits_to_f32(bits):
+    """float32 value of int16 bf16 bits."""
+    return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fp16_rne_bits(x):
+    """int16 bits of ``x.to(float16)`` (IEEE RNE; the cast is exact in the interpreter)."""
+    return x.to(tl.float16).to(tl.int16, bitcast=True)
+
+
+@triton.jit
+def fp16_bits_to_f32(bits):
+    return bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+# -------------------------------------------------------------- random bits, SR
+
+
+@triton.jit
+def lowbias32(x):
+    """Wellons' lowbias32 hash on uint32 tensors."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
+def sr_key(seed, step):
+    """32-bit stream key of one rounding pass: lowbias32(seed ^ lowbias32(step + golden)).
+
+    ``seed`` and ``step`` are int32 scalars holding the uint32 values (wrapped)."""
+    s = step.to(tl.uint32, bitcast=True) + 0x9E3779B9
+    return lowbias32(seed.to(tl.uint32, bitcast=True) ^ lowbias32(s))
+
+
+@triton.jit
+def sr_bits(index, key):
+    """32 random bits (uint32) per element from its uint32 linear index."""
+    return lowbias32(lowbias32(index) ^ key)
+
+
+@triton.jit
+def sr_round(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
+    """Stochastic rounding of float32 ``x`` onto a binary float grid (values exact).
+
+    Same algorithm as ``formats.floats.stochastic_round``: ``e = max(floor(log2|x|),
+    emin)``, ``ulp = 2**(e - m)``, ``q = (floor(|x|/ulp) + (u < frac)) * ulp``,
+    saturated, sign restored; NaN/inf pass through."""
+    a = tl.abs(x)
+    e = tl.minimum(tl.maximum(exponent_of(a), EMIN), 127 + MBITS)
+    ulp = pow2(e - MBITS)
+    v = tl.math.div_rn(a, ulp)
+    lo = tl.floor(v)
+    u = (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
+    q = (lo + tl.where(u < v - lo, 1.0, 0.0)) * ulp
+    q = copysign(tl.minimum(q, MAXV), x)
+    return tl.where(a < float("inf"), q, x)
+
+
+# ------------------------------------------------------------------- minifloats
+
+
+@triton.jit
+def minifloat_code(y, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                   MAXV: tl.constexpr, NEG_ZERO: tl.constexpr):
+    """RNE code (int32) of float32 ``y`` in a narrow float without inf, saturating
+    at ``MAXV``; sign bit from signbit(y) (``NEG_ZERO``) or ``y < 0``.  NaN: unspecified."""
+    a = tl.abs(y)
+    e = tl.minimum(tl.maximum(exponent_of(a), 1 - BIAS), 127 + MBITS)
+    r = round_half_even(a * pow2(MBITS - e))
+    q = tl.minimum(r * pow2(e - MBITS), MAXV)
+    sub = (q * (2.0 ** (BIAS - 1 + MBITS))).to(tl.int32)
+    mant = (q.to(tl.int32, bitcast=True) >> (23 - MBITS)) & ((1 << MBITS) - 1)
+    normal = ((exponent_of(q) + BIAS) << MBITS) | mant
+    mag = tl.where(q < 2.0 ** (1 - BIAS), sub, normal)
+    if NEG_ZERO:
+        neg = signbit(y)
+    else:
+        neg = y < 0
+    return mag | (neg.to(tl.int32) << (EBITS + MBITS))
+
+
+@triton.jit
+def minifloat_value(code, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
+    """float32 value of a narrow-float code (int32; no NaN handling)."""
+    mant = code & ((1 << MBITS) - 1)
+    ex = (code >> MBITS) & ((1 << EBITS) - 1)
+    normal = pow2(ex - BIAS) * (1.0 + mant.to(tl.float32) * (2.0 ** -MBITS))
+    val = tl.where(ex == 0, mant.to(tl.float32) * (2.0 ** (1 - BIAS - MBITS)), normal)
+    return tl.where(((code >> (EBITS + MBITS)) & 1) == 1, -val, val)
+
+
+@triton.jit
+def e4m3_code(y, NEG_ZERO: tl.constexpr):
+    """E4M3 (e4m3fn) RNE code, saturating at 448."""
+    return minifloat_code(y, 4, 3, 7, 448.0, NEG_ZERO)
+
+
+@triton.jit
+def e4m3_value(code):
+    """float32 value of an E4M3 code (int32); 0x7F/0xFF are NaN."""
+    v = minifloat_value(code, 4, 3, 7)
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def e2m1_code(y, NEG_ZERO: tl.constexpr):
+    """E2M1 RNE code (0..15), saturating at 6."""
+    return minifloat_code(y, 2, 1, 1, 6.0, NEG_ZERO)
+
+
+@triton.jit
+def e2m1_value(code):
+    return minifloat_value(code, 2, 1, 1)
+
+
+@triton.jit
+def e8m0_value(code):
+    """float32 ``2**(code - 127)`` of an E8M0 code (int32); 0xFF is NaN."""
+    return tl.where(code == 0xFF, float("nan"), pow2(code - 127))
+
+
+@triton.jit
+def pack_nibbles(codes, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """[BLOCK_P, N] int32 4-bit codes -> [BLOCK_P, N/2] uint8 (2i low, 2i+1 high)."""
+    lo, hi = tl.split(tl.reshape(codes, [BLOCK_P, N // 2, 2]))
+    return (lo | (hi << 4)).to(tl.uint8)
+
+
+@triton.jit
+def unpack_nibbles(packed, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """Inverse of :func:`pack_nibbles` (int32 codes)."""
+    b = packed.to(tl.int32)
+    return tl.reshape(tl.join(b & 0xF, b >> 4), [BLOCK_P, N])
+
+
+@triton.jit
+def per_block(v, BLOCK_P: tl.constexpr, N: tl.constexpr, BS: tl.constexpr):
+    """Broadcast a [BLOCK_P, N/BS] per-block value to [BLOCK_P, N]."""
+    return tl.reshape(tl.broadcast_to(v[:, :, None], [BLOCK_P, N // BS, BS]), [BLOCK_P, N])
+
+
+@triton.jit
+def block_max(a, BLOCK_P: tl.constexpr, N: tl.constexpr, BS: tl.constexpr):
+    """[BLOCK_P, N] -> [BLOCK_P, N/BS] max over blocks of BS along the last axis."""
+    return tl.max(tl.reshape(a, [BLOCK_P, N // BS, BS]), axis=2)
+
+
+# ------------------------------------------------------------- tile codecs
+
+
+@triton.jit
+def encode_tile(S, FMT: tl.constexpr, index, key, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """Encode a float32 tile into ``(codes, s1, s2)`` of format ``FMT``.
+
+    ``index``: uint32 [BLOCK_P, N] element indices and ``key``: uint32 stream key
+    (stochastic formats only).  Rows outside the matrix must be zero."""
+    s1 = 0.0
+    s2 = 0.0
+    if FMT == FMT_FP32:
+        codes = S
+    elif FMT == FMT_BF16:
+        codes = bf16_rne_bits(S)
+    elif FMT == FMT_FP16:
+        codes = fp16_rne_bits(S)
+    elif FMT == FMT_BF16_SR:
+        q = sr_round(S, sr_bits(index, key), 7, -126, 3.3895313892515355e38)
+        codes = bf16_rne_bits(q)
+    elif FMT == FMT_FP16_SR:
+        q = sr_round(S, sr_bits(index, key), 10, -14, 65504.0)
+        codes = fp16_rne_bits(q)
+    elif FMT == FMT_FP8:
+        fin = is_finite(S)
+        amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
+        s1 = tl.math.div_rn(amax, 448.0)
+        y = tl.math.div_rn(S, tl.where(s1 > 0, s1, 1.0)[:, None])
+        c = e4m3_code(tl.minimum(tl.maximum(y, -448.0), 448.0), True)
+        codes = tl.where(fin, c, 0x7F).to(tl.uint8)
+    elif FMT == FMT_NVFP4:
+        fin = is_finite(S)
+        a = tl.where(fin, tl.abs(S), 0.0)
+        s2 = tl.math.div_rn(tl.max(tl.max(a, axis=1), axis=0), 2688.0)
+        nonzero = s2 > 0
+        s = tl.math.div_rn(block_max(a, BLOCK_P, N, 16), 6.0 * s2)
+        s = tl.where(s == 0, 1.0, s)
+        s = tl.where(nonzero, s, 1.0)
+        sc = e4m3_code(tl.minimum(tl.maximum(s, 2.0**-9), 448.0), True)
+        den = per_block(e4m3_value(sc) * s2, BLOCK_P, N, 16)
+        y = tl.math.div_rn(S, den)
+        bfin = block_max(tl.where(fin, 0, 1), BLOCK_P, N, 16) == 0
+        okb = tl.where(nonzero, bfin.to(tl.int32), 0)
+        ok = per_block(okb, BLOCK_P, N, 16) != 0
+        codes = pack_nibbles(tl.where(ok, e2m1_code(y, False), 0), BLOCK_P, N)
+        s1 = tl.where(bfin, sc, 0x7F).to(tl.uint8)
+    else:  # FMT_MXFP4
+        fin = is_finite(S)
+        a = tl.where(fin, tl.abs(S), 0.0)
+        k = tl.minimum(tl.maximum(exponent_of(block_max(a, BLOCK_P, N, 32)) - 2, -127), 127)
+        y = tl.math.div_rn(S, per_block(pow2(k), BLOCK_P, N, 32))
+        bfin = block_max(tl.where(fin, 0, 1), BLOCK_P, N, 32) == 0
+        ok = per_block(bfin.to(tl.int32), BLOCK_P, N, 32) != 0
+        codes = pack_nibbles(tl.where(ok, e2m1_code(y, True), 0), BLOCK_P, N)
+        s1 = tl.where(bfin, k + 127, 0xFF).to(tl.uint8)
+    return codes, s1, s2
+
+
+@triton.jit
+def decode_tile(codes, s1, s2, FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """float32 [BLOCK_P, N] values of ``(codes, s1, s2)`` (as :func:`encode_tile` returns
+    them or :func:`load_codes` loads them)."""
+    if FMT == FMT_FP32:
+        S = codes
+    elif (FMT == FMT_BF16) or (FMT == FMT_BF16_SR):
+        S = bf16_bits_to_f32(codes)
+    elif (FMT == FMT_FP16) or (FMT == FMT_FP16_SR):
+        S = fp16_bits_to_f32(codes)
+    elif FMT == FMT_FP8:
+        S = e4m3_value(codes.to(tl.int32)) * s1[:, None]
+    elif FMT == FMT_NVFP4:
+        bs = e4m3_value(s1.to(tl.int32)) * s2
+        S = e2m1_value(unpack_nibbles(codes, BLOCK_P, N)) * per_block(bs, BLOCK_P, N, 16)
+    else:  # FMT_MXFP4
+        bs = e8m0_value(s1.to(tl.int32))
+        S = e2m1_value(unpack_nibbles(codes, BLOCK_P, N)) * per_block(bs, BLOCK_P, N, 32)
+    return S
+
+
+@triton.jit
+def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
+               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """Load the stored pieces of rows ``offs_p`` of state matrix ``mat`` (int64)."""
+    s1 = 0.0
+    s2 = 0.0
+    row = mat * P + offs_p  # global row index, int64
+    m2 = mask_p[:, None]
+    if (FMT == FMT_NVFP4) or (FMT == FMT_MXFP4):
+        oh = tl.arange(0, N // 2)
+        codes = tl.load(codes_ptr + row[:, None] * (N // 2) + oh[None, :], mask=m2, other=0)
+        if FMT == FMT_NVFP4:
+            ob = tl.arange(0, N // 16)
+            s1 = tl.load(s1_ptr + row[:, None] * (N // 16) + ob[None, :], mask=m2, other=0)
+            s2 = tl.load(s2_ptr + mat)
+        else:
+            ob = tl.arange(0, N // 32)
+            s1 = tl.load(s1_ptr + row[:, None] * (N // 32) + ob[None, :], mask=m2, other=0)
+    else:
+        on = tl.arange(0, N)
+        codes = tl.load(codes_ptr + row[:, None] * N + on[None, :], mask=m2, other=0)
+        if FMT == FMT_FP8:
+            s1 = tl.load(s1_ptr + row, mask=mask_p, other=0.0)
+    return codes, s1, s2
+
+
+@triton.jit
+def store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
+                FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """Store the pieces :func:`encode_tile` returned (rows ``offs_p`` of matrix ``mat``)."""
+    row = mat * P + offs_p
+    m2 = mask_p[:, None]
+    if (FMT == FMT_NVFP4) or (FMT == FMT_MXFP4):
+        oh = tl.arange(0, N // 2)
+        tl.store(codes_ptr + row[:, None] * (N // 2) + oh[None, :], codes, mask=m2)
+        if FMT == FMT_NVFP4:
+            ob = tl.arange(0, N // 16)
+            tl.store(s1_ptr + row[:, None] * (N // 16) + ob[None, :], s1, mask=m2)
+            tl.store(s2_ptr + mat, s2)
+        else:
+            ob = tl.arange(0, N // 32)
+            tl.store(s1_ptr + row[:, None] * (N // 32) + ob[None, :], s1, mask=m2)
+    else:
+        on = tl.arange(0, N)
+        tl.store(codes_ptr + row[:, None] * N + on[None, :], codes, mask=m2)
+        if FMT == FMT_FP8:
+            tl.store(s1_ptr + row, s1, mask=mask_p)
+
+
+@triton.jit
+def load_state(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
+               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """Load and decode rows ``offs_p`` of state matrix ``mat`` to float32 [BLOCK_P, N]
+    (masked rows are zero)."""
+    codes, s1, s2 = load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
+                               FMT, BLOCK_P, N)
+    S = decode_tile(codes, s1, s2, FMT, BLOCK_P, N)
+    return tl.where(mask_p[:, None], S, 0.0)
+
+
+@triton.jit
+def element_index(mat, offs_p, P, N: tl.constexpr):
+    """uint32 row-major index (mod 2**32) of each element of the tile."""
+    row = (mat * P + offs_p).to(tl.uint32)
+    return row[:, None] * N + tl.arange(0, N)[None, :].to(tl.uint32)
+
+
+@triton.jit
+def store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
+                FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """Encode float32 tile ``S`` (masked rows zero) and store it; returns the
+    float32 values the stored bits decode to (for a read that follows in registers)."""
+    if (FMT == FMT_BF16_SR) or (FMT == FMT_FP16_SR):
+        index = element_index(mat, offs_p, P, N)
+        key = sr_key(seed, step)
+    else:
+        index = 0
+        key = 0
+    codes, s1, s2 = encode_tile(S, FMT, index, key, BLOCK_P, N)
+    store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
+                FMT, BLOCK_P, N)
+    return tl.where(mask_p[:, None], decode_tile(codes, s1, s2, FMT, BLOCK_P, N), 0.0)
