@@ -141,6 +141,36 @@ def decode_minifloat(codes: torch.Tensor, fmt: MiniFloat) -> torch.Tensor:
     return torch.where(sign == 1, -value, value)
 
 
+# E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7).  Round to nearest even
+# by counting the midpoints below |y|: a tie at a midpoint rounds up exactly when
+# the upper code is even, hence ">=" at 0.75, 1.75, 3.5 and ">" at 0.25, 1.25, 2.5, 5.
+_E2M1_UP_AT_TIE = (0.75, 1.75, 3.5)
+_E2M1_DOWN_AT_TIE = (0.25, 1.25, 2.5, 5.0)
+
+
+def encode_e2m1(y: torch.Tensor, *, negative_zero: bool = True) -> torch.Tensor:
+    """RNE E2M1 codes (uint8, one per element) of float32 ``y``; same result as
+    ``encode_minifloat(y, E2M1, negative_zero=...)`` (beyond ±6 and ±inf saturate
+    to code 7 | sign), in fewer passes.  NaN gives an unspecified code."""
+    a = y.abs()
+    code = torch.zeros_like(a, dtype=torch.uint8)
+    for b in _E2M1_DOWN_AT_TIE:
+        code += a > b
+    for b in _E2M1_UP_AT_TIE:
+        code += a >= b
+    neg = torch.signbit(y) if negative_zero else y < 0
+    return code | (neg.to(torch.uint8) << 3)
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """float32 values of E2M1 codes (uint8, one per element), built from bits:
+    magnitude code k >= 2 is the float32 with bits ``(k + 252) << 22``."""
+    c = codes.to(torch.int32)
+    mag = c & 7
+    bits = torch.where(mag >= 2, (mag + 252) << 22, (mag & 1) * 0x3F000000)  # 1 -> 0.5
+    return (bits | ((c & 8) << 28)).view(torch.float32)
+
+
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """Two 4-bit codes per byte along the last axis: element 2i in the low nibble,
     element 2i+1 in the high nibble."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .base import Format, FormatError, FormatSpec, Packed
-from .bitops import as_float32, finite_abs, require_last_axis
+from .bitops import INF, as_float32, finite_abs, require_last_axis
 
 NAN_CODE = 0x7F
 
@@ -39,12 +39,11 @@ class _RowScaledFP8(Format):
         a, finite = finite_abs(x)
         scale = a.amax(dim=-1, keepdim=True) / mx
         y = x / torch.where(scale > 0, scale, 1.0)
-        codes = y.clamp(-mx, mx).to(self.dtype).view(torch.uint8)
-        special = torch.full_like(codes, NAN_CODE)
+        codes = y.clamp_(-mx, mx).to(self.dtype).view(torch.uint8)
+        codes = torch.where(finite, codes, NAN_CODE)
         if self.has_inf:
-            inf_code = torch.where(x > 0, 0x7C, 0xFC).to(torch.uint8)
-            special = torch.where(torch.isinf(x), inf_code, special)
-        codes = torch.where(finite, codes, special)
+            codes = torch.where(x == INF, 0x7C, codes)
+            codes = torch.where(x == -INF, 0xFC, codes)
         return Packed(self.name, codes, tuple(x.shape), {"row": scale})
 
     def decode(self, packed: Packed) -> torch.Tensor:

@@ -32,8 +32,8 @@ from .bitops import (
     E4M3,
     MiniFloat,
     as_float32,
-    decode_minifloat,
-    encode_minifloat,
+    decode_e2m1,
+    encode_e2m1,
     exponent_of,
     finite_abs,
     pack_nibbles,
@@ -115,10 +115,10 @@ class MXFP4(_MXFormat):
     spec = FormatSpec(2, 1, 1, 6.0, 0.5, block_size=BLOCK, scale_format="e8m0 per 32")
 
     def _elements(self, y):
-        return encode_minifloat(y, E2M1)
+        return encode_e2m1(y)
 
     def _pack(self, codes):
         return pack_nibbles(codes)
 
     def _element_values(self, codes):
-        return decode_minifloat(unpack_nibbles(codes), E2M1)
+        return decode_e2m1(unpack_nibbles(codes))

@@ -36,10 +36,9 @@ import torch
 
 from .base import Format, FormatError, FormatSpec, Packed
 from .bitops import (
-    E2M1,
     as_float32,
-    decode_minifloat,
-    encode_minifloat,
+    decode_e2m1,
+    encode_e2m1,
     finite_abs,
     pack_nibbles,
     require_last_axis,
@@ -79,7 +78,7 @@ class NVFP4(Format):
         y = xm.reshape(blocks) / (s8.to(torch.float32) * g).unsqueeze(-1)
 
         ok = finite.reshape(blocks).all(dim=-1) & nonzero
-        codes = encode_minifloat(y, E2M1, negative_zero=False)
+        codes = encode_e2m1(y, negative_zero=False)
         codes = torch.where(ok.unsqueeze(-1), codes, 0).to(torch.uint8)
         scodes = s8.view(torch.uint8)
         scodes = torch.where(finite.reshape(blocks).all(dim=-1), scodes, E4M3_NAN)
@@ -91,7 +90,7 @@ class NVFP4(Format):
     def decode(self, packed: Packed) -> torch.Tensor:
         if packed.format != self.name:
             raise FormatError(f"{self.name} cannot decode a {packed.format} value")
-        values = decode_minifloat(unpack_nibbles(packed.codes), E2M1)
+        values = decode_e2m1(unpack_nibbles(packed.codes))
         s = packed.scales["block"].view(torch.float8_e4m3fn).to(torch.float32)
         g = packed.scales["matrix"]
         if values.dim() == 1:
