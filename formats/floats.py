@@ -11,7 +11,7 @@ import torch
 
 from .base import Format, FormatError, FormatSpec, Packed
 from .bitops import as_float32, grid_exponent, pow2
-from .random_bits import random_bits, resolve_seed, uniform24
+from .random_bits import random_uniform, resolve_seed
 
 FP32_SPEC = FormatSpec(8, 23, 127, 3.4028234663852886e38, 2.0**-149)
 FP16_SPEC = FormatSpec(5, 10, 15, 65504.0, 2.0**-24)
@@ -97,7 +97,7 @@ def stochastic_round(
     ulp = pow2(grid_exponent(a, emin).clamp_max(127 + mantissa_bits) - mantissa_bits)
     v = a / ulp
     lo = torch.floor(v)
-    u = uniform24(random_bits(tuple(x.shape), seed, step, x.device))
+    u = random_uniform(tuple(x.shape), seed, step, x.device)
     q = (lo + (u < (v - lo)).to(torch.float32)) * ulp
     q = torch.copysign(torch.clamp_max(q, max_normal), x)
     return torch.where(torch.isfinite(x), q, x)
