@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .mamba2_kernel import MODE_VERIFY
-from .mamba2_step import Mamba2Cache, Mamba2Params, launch, slot_indices
+from .mamba2_step import HeadParams, Mamba2Cache, launch, slot_indices
 
 
 def mamba2_verify(
@@ -36,7 +36,7 @@ def mamba2_verify(
     dt: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    params: Mamba2Params,
+    params: HeadParams,
     *,
     z: torch.Tensor | None = None,
     state_indices: torch.Tensor | None = None,

@@ -30,7 +30,7 @@ _ARANGE: dict[tuple[int, str], torch.Tensor] = {}
 
 
 @dataclass
-class Mamba2Params:
+class HeadParams:
     """Per-head constants: ``A`` (negative), optional ``D`` and ``dt_bias`` (heads,)."""
 
     A: torch.Tensor
@@ -197,7 +197,7 @@ def launch(
     dt: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    params: Mamba2Params,
+    params: HeadParams,
     *,
     z: torch.Tensor | None,
     out: torch.Tensor,
@@ -281,7 +281,7 @@ def mamba2_step(
     dt: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    params: Mamba2Params,
+    params: HeadParams,
     *,
     z: torch.Tensor | None = None,
     state_indices: torch.Tensor | None = None,
@@ -314,7 +314,7 @@ def mamba2_conventional_step(
     dt: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    params: Mamba2Params,
+    params: HeadParams,
     *,
     z: torch.Tensor | None = None,
     state_indices: torch.Tensor | None = None,

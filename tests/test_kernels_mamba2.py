@@ -1,0 +1,293 @@
+"""Fused Mamba-2 kernels against their torch references (layers/mamba2.py, the
+torch design runner, the torch speculative decoder), and the bits they write
+against precisionlab.formats.
+
+Runs compiled on a GPU, else in the Triton interpreter on the CPU (small shapes).
+"""
+
+from __future__ import annotations
+
+from precisionlab.kernels.testing import kernel_device
+
+DEVICE = kernel_device()  # before the kernel modules are imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from precisionlab.kernels.mamba2_backend import TritonMamba2Design  # noqa: E402
+from precisionlab.kernels.mamba2_spec import mamba2_commit, mamba2_verify  # noqa: E402
+from precisionlab.kernels.mamba2_step import (  # noqa: E402
+    HeadParams,
+    Mamba2Cache,
+    mamba2_conventional_step,
+    mamba2_step,
+)
+from precisionlab.kernels.state import StateStore  # noqa: E402
+
+from precisionlab import formats  # noqa: E402
+from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
+from precisionlab.kinds import kind_for  # noqa: E402
+from precisionlab.layers import mamba2  # noqa: E402
+from precisionlab.presets import Preset  # noqa: E402
+from precisionlab.speculative import SpeculativeDecoder  # noqa: E402
+from precisionlab.traces import SyntheticTrace  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, interpreter only
+
+# headdim 24: two 16-row blocks with masking, or one padded 32-row tile for nvfp4
+PRESET = Preset("kernel-test", "mamba2", 4, 24, 32, 2, 1, "test shape")
+H, P, N, G = 4, 24, 32, 2
+DEV = torch.device(DEVICE)
+TOL = 1e-5
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def setup(steps: int, batch: int, seed: int = 0, dynamics: str = "init"):
+    trace = SyntheticTrace(PRESET, steps=steps, batch=batch, seed=seed, dynamics=dynamics)
+    kind = kind_for(PRESET)
+    params = kind.params({k: v.float().to(DEV) for k, v in trace.params.items()})
+    raws = [{k: v.to(DEV) for k, v in raw.items()} for raw in trace]
+    return kind, params, raws
+
+
+def state0(batch: int, seed: int = 7) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, H, P, N, generator=g).to(DEV)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def assert_store_bits(store: StateStore, S: torch.Tensor, seed: int, step: int) -> None:
+    """The kernel-written store equals formats' encoding of the kernel's own fp32 state."""
+    ref = StateStore.encode(S, store.fmt, seed=seed, step=step)
+    for a, b in zip(store.tensors(), ref.tensors(), strict=True):
+        assert torch.equal(bits(a), bits(b)), f"{store.fmt} bits differ from formats.encode"
+
+
+# --------------------------------------------------------------- conventional
+
+
+def test_conventional_fp32_matches_layer_with_slots_and_padding() -> None:
+    kind, params, raws = setup(steps=3, batch=4)
+    slots = 6
+    idx = torch.tensor([3, -1, 0, 5], dtype=torch.int32, device=DEV)
+    S_all = state0(slots)
+    store = StateStore.encode(S_all, "fp32")
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    S_ref = S_all.clone()
+    rows = idx[idx >= 0].long()
+    for raw in raws:
+        y = mamba2_conventional_step(store, raw["x"], raw["dt_raw"], raw["B"], raw["C"], head,
+                                     z=raw["z"], state_indices=idx, dt_softplus=True)
+        keep = idx >= 0
+        inp = mamba2.Mamba2Inputs(raw["x"][keep], mamba2.softplus_dt(raw["dt_raw"][keep],
+                                  params.dt_bias), raw["B"][keep], raw["C"][keep], raw["z"][keep])
+        S_new, y_ref = mamba2.conventional_step(S_ref[rows], inp, params)
+        S_ref[rows] = S_new
+        assert rel(y[keep], y_ref) < TOL
+        assert torch.all(y[~keep] == 0)
+    assert rel(store.decode(), S_ref) < TOL
+    untouched = torch.tensor([1, 2, 4], device=DEV)
+    assert torch.equal(store.decode()[untouched], S_all[untouched])
+
+
+@pytest.mark.parametrize("fmt", ["bf16-sr", "fp16-sr", "bf16", "fp16"])
+def test_conventional_16bit_write_back_bits(fmt: str) -> None:
+    """With dt = 0 the update is exactly S, so the written bits must equal
+    formats.encode(S, seed, step) bit for bit; the step counter advances."""
+    kind, params, raws = setup(steps=2, batch=3)
+    S = state0(3)
+    store = StateStore.encode(S, "fp32")  # start from exact fp32 values
+    store16 = StateStore.empty(fmt, tuple(S.shape), DEV)
+    store16.codes.copy_(store.codes.to(torch.bfloat16 if "bf16" in fmt else torch.float16)
+                        .view(torch.int16))
+    S16 = store16.decode()
+    steps = torch.tensor([0, 5, 2], dtype=torch.int32, device=DEV)
+    head = HeadParams(params.A, params.D)
+    raw = raws[0]
+    zero_dt = torch.zeros_like(raw["dt_raw"])
+    mamba2_conventional_step(store16, raw["x"], zero_dt, raw["B"], raw["C"], head,
+                             steps=steps, seed=11)
+    for b, t in enumerate([0, 5, 2]):
+        ref = formats.get(fmt).encode(S16[b:b + 1], seed=11, step=t).codes
+        if fmt.endswith("-sr"):  # the index is over the whole tensor: encode it all
+            ref = formats.get(fmt).encode(S16, seed=11, step=t).codes[b:b + 1]
+        assert torch.equal(store16.codes[b:b + 1], ref)
+    if fmt.endswith("-sr"):
+        assert steps.tolist() == [1, 6, 3]
+    # a real update stays within one ulp of the fp32 result
+    before = store16.decode()
+    inp = kind.prepare(raw, params, torch.float32)
+    mamba2_conventional_step(store16, inp.x, inp.dt, inp.B, inp.C, head, steps=steps, seed=11)
+    S_ref, _ = mamba2.conventional_step(before, inp, params)
+    ulp = 2.0 ** -7 if "bf16" in fmt else 2.0 ** -10
+    assert torch.all((store16.decode() - S_ref).abs() <= ulp * S_ref.abs() * 1.01 + 1e-30)
+
+
+# --------------------------------------------------------------- replay designs
+
+DESIGNS = [
+    (shared("fp32", 4), torch.bfloat16),
+    (split("fp32", "fp8-e4m3", 4), torch.bfloat16),
+    (split("fp16-sr", "nvfp4", 4), torch.bfloat16),
+    (split("bf16-sr", "mxfp4", 3), torch.float16),
+    (shared("bf16-sr", 1), torch.float32),
+    (shared("fp8-e4m3", 3), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("design,ring_dtype", DESIGNS, ids=[d.label for d, _ in DESIGNS])
+def test_design_runner_matches_torch(design, ring_dtype) -> None:
+    batch, seed = 3, 5
+    kind, params, raws = setup(steps=2 * design.window + 1, batch=batch)
+    S0 = state0(batch)
+    ref = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
+    ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0)
+    cache = ours.cache
+    for t, raw in enumerate(raws):
+        inp = kind.prepare(raw, params, ring_dtype)
+        y_ref, S_ref = ref.step(inp, t)
+        y, S = ours.step(inp, t)
+        assert rel(y, y_ref) < TOL, f"step {t}"
+        assert (S is None) == (S_ref is None)
+        if S is None:
+            continue
+        assert rel(S, S_ref) < TOL
+        if design.checkpoint_format == "fp32":
+            assert torch.equal(cache.ckpt.codes, S)
+        else:
+            assert_store_bits(cache.ckpt, S, seed, t)
+        if cache.read is not None:
+            assert_store_bits(cache.read, S, seed + 1, t)
+    assert cache.committed().tolist() == [len(raws) % design.window] * batch
+    assert cache.steps.tolist() == [len(raws)] * batch
+
+
+def test_replay_slots_padding_and_bf16_inputs() -> None:
+    """state_indices with a padding row; raw bf16 inputs with softplus in the kernel."""
+    design, L, batch = split("fp32", "fp8-e4m3", 3), 3, 3
+    kind, params, raws = setup(steps=4, batch=batch)
+    S_all = state0(5)
+    idx = torch.tensor([4, -1, 1], dtype=torch.int32, device=DEV)
+    cache = Mamba2Cache.allocate(5, H, P, N, G, checkpoint_format="fp32",
+                                 read_format="fp8-e4m3", window=L, device=DEV, seed=1)
+    cache.load_state(S_all)
+    keep = idx >= 0
+    rows = idx[keep].long()
+    ref = TorchDesignRunner(design, kind, params, int(keep.sum()), DEV, torch.bfloat16, 1,
+                            S_all[rows])
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    for t, raw in enumerate(raws):
+        r16 = {k: v.to(torch.bfloat16) for k, v in raw.items()}
+        y = mamba2_step(cache, r16["x"], r16["dt_raw"], r16["B"], r16["C"], head, z=r16["z"],
+                        state_indices=idx, dt_softplus=True)
+        sub = {k: v[keep].float() for k, v in r16.items()}
+        y_ref, _ = ref.step(kind.prepare(sub, params, torch.bfloat16), t)
+        assert rel(y[keep], y_ref) < TOL
+        assert torch.all(y[~keep] == 0)
+    assert cache.committed().tolist() == [0, 1, 0, 0, 1]
+    assert cache.steps.tolist() == [0, 4, 0, 0, 4]
+
+
+# ----------------------------------------------------------- speculative decoding
+
+
+def _stack(inps, name):
+    return torch.stack([getattr(i, name) for i in inps], dim=1).contiguous()
+
+
+@pytest.mark.parametrize("design", [shared("fp32", 5), split("fp32", "fp8-e4m3", 5)],
+                         ids=lambda d: d.label)
+def test_verify_commit_matches_torch_speculative(design) -> None:
+    batch, T, seed = 3, 3, 2
+    kind, params, raws = setup(steps=24, batch=batch, seed=3)
+    inps = [kind.prepare(r, params, torch.bfloat16) for r in raws]
+    S0 = state0(batch)
+    ref = SpeculativeDecoder(design, kind, params, batch, DEV, torch.bfloat16, seed, S0)
+    cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=design.checkpoint_format,
+                                 read_format=None if design.kind == "shared" else
+                                 design.read_format, window=design.window, device=DEV,
+                                 seed=seed, speculative=True)
+    cache.load_state(S0)
+    head = HeadParams(params.A, params.D)
+    gen = torch.Generator().manual_seed(0)
+    for it in range(6):
+        drafts = inps[it * T:(it + 1) * T]
+        y_ref = torch.stack(ref.verify(drafts), dim=1)
+        y = mamba2_verify(cache, _stack(drafts, "x"), _stack(drafts, "dt"), _stack(drafts, "B"),
+                          _stack(drafts, "C"), head, z=_stack(drafts, "z"))
+        assert rel(y, y_ref) < TOL, f"verify {it}"
+        n = torch.randint(1, T + 1, (batch,), generator=gen).to(DEV)
+        ref.commit(n)
+        mamba2_commit(cache, n.to(torch.int32))
+    assert cache.committed().tolist() == ref.committed.tolist()
+
+
+def test_spec_accepted_outputs_equal_plain_decoding() -> None:
+    """Drafts that are the true next tokens: every accepted output equals plain
+    replay decoding of the same tokens (fp32 shared design)."""
+    batch, L, T = 2, 4, 3
+    kind, params, raws = setup(steps=14, batch=batch, seed=4)
+    inps = [kind.prepare(r, params, torch.bfloat16) for r in raws]
+    S0 = state0(batch)
+    head = HeadParams(params.A, params.D)
+    plain = Mamba2Cache.allocate(batch, H, P, N, G, window=L, device=DEV)
+    plain.load_state(S0)
+    y_plain = torch.stack([mamba2_step(plain, i.x, i.dt, i.B, i.C, head, z=i.z) for i in inps], 1)
+    spec = Mamba2Cache.allocate(batch, H, P, N, G, window=L, device=DEV, speculative=True)
+    spec.load_state(S0)
+    pos, accepted = 0, [3, 1, 2, 3, 2, 3]  # same for every row
+    for n in accepted:
+        d = inps[pos:pos + T]
+        y = mamba2_verify(spec, _stack(d, "x"), _stack(d, "dt"), _stack(d, "B"), _stack(d, "C"),
+                          head, z=_stack(d, "z"))
+        assert rel(y[:, :n], y_plain[:, pos:pos + n]) < TOL, f"tokens {pos}..{pos + n}"
+        mamba2_commit(spec, torch.full((batch,), n, dtype=torch.int32, device=DEV))
+        pos += n
+
+
+# ------------------------------------------------------------------ GPU only
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_cuda_graph_replay_walks_the_window() -> None:
+    batch, L = 4, 4
+    kind, params, raws = setup(steps=1, batch=batch)
+    inp = kind.prepare(raws[0], params, torch.bfloat16)
+    head = HeadParams(params.A, params.D)
+    mk = lambda: Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp16-sr",  # noqa: E731
+                                      read_format="nvfp4", window=L, device=DEV, seed=3)
+    eager, graphed = mk(), mk()
+    S0 = state0(batch)
+    eager.load_state(S0)
+    graphed.load_state(S0)
+    out = torch.empty_like(inp.x)
+    mamba2_step(graphed, inp.x, inp.dt, inp.B, inp.C, head, z=inp.z, out=out)  # compile
+    graphed.load_state(S0)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        mamba2_step(graphed, inp.x, inp.dt, inp.B, inp.C, head, z=inp.z, out=out)
+    graphed.load_state(S0)
+    for _ in range(2 * L + 1):
+        y = mamba2_step(eager, inp.x, inp.dt, inp.B, inp.C, head, z=inp.z)
+        g.replay()
+        assert torch.equal(out, y)
+    assert torch.equal(graphed.ckpt.codes, eager.ckpt.codes)
+    assert graphed.steps.tolist() == [2 * L + 1] * batch
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the engine's triton backend needs a GPU")
+def test_engine_triton_backend_matches_torch() -> None:
+    from precisionlab.engine import run
+
+    trace = SyntheticTrace("nemotron-3-super-120b", steps=9, batch=2, seed=1, dynamics="init")
+    designs = [shared("fp32", 4), split("fp16-sr", "nvfp4", 4)]
+    a = list(run(trace, designs, backend="torch", device="cuda"))
+    b = list(run(trace, designs, backend="triton", device="cuda"))
+    for ma, mb in zip(a, b, strict=True):
+        torch.testing.assert_close(mb.rel_err, ma.rel_err, rtol=1e-3, atol=1e-6)
