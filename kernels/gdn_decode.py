@@ -1,0 +1,642 @@
+"""Fused Triton kernels for Gated DeltaNet decoding: conventional step, replay
+(output or flush, one launch per step), speculative verify of T drafts and commit.
+
+Every kernel takes the raw per-step inputs (``q``, ``k`` per k-head, ``v`` per
+v-head, gate pre-activations ``a``, ``b``) and does the layer's preprocessing in
+fp32: L2-normalise q and k (q scaled by ``K**-0.5``), round k and v to the ring
+dtype (the values the ring stores; the step uses them everywhere),
+``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``.
+
+Sequences index state slots through ``state_indices`` (a negative index skips the
+sequence).  Per-slot bookkeeping lives in ``meta`` (int32, (slots, 4)): ring count,
+step counter, arrival ticket, spare.  The last program of a slot to finish (an
+atomic ticket) advances its count and step, so a step is one launch, needs no host
+sync and can be captured in a CUDA graph.
+
+Grid of every kernel: ``(V // BV, batch * v_heads)``; a program owns BV rows of one
+value head's state with the full K in registers, so the flush (S_c k_i, the
+triangular recompute of d_i, the rank-L fold) runs in one pass per row block.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gdn_extra import read_dots, round_to
+from .state import StateStore
+from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NONE, load_state, store_state
+
+META_COUNT, META_STEP, META_TICKET = 0, 1, 2
+META_WIDTH = 4
+
+
+# ---------------------------------------------------------------- device helpers
+@triton.jit
+def _softplus20(x):
+    """torch's softplus(threshold=20): log1p(exp(x)), x above 20 passes through."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    lp = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))  # accurate log1p
+    return tl.where(x > 20.0, x, lp)
+
+
+@triton.jit
+def _gates(a_ptr, b_ptr, A_log, dt_bias, h):
+    """``(g, beta)`` of value head ``h`` (scalars, fp32)."""
+    a = tl.load(a_ptr).to(tl.float32)
+    b = tl.load(b_ptr).to(tl.float32)
+    A = tl.load(A_log + h).to(tl.float32)
+    dtb = tl.load(dt_bias + h).to(tl.float32)
+    g = -tl.exp(A) * _softplus20(a + dtb)
+    beta = 1.0 / (1.0 + tl.exp(-b))
+    return g, beta
+
+
+@triton.jit
+def _l2norm(x):
+    n = tl.sqrt_rn(tl.sum(x * x, axis=0))
+    return tl.math.div_rn(x, tl.broadcast_to(tl.maximum(n, 1e-6), x.shape))
+
+
+@triton.jit
+def _prep_qk(q_ptr, k_ptr, K: tl.constexpr, DT: tl.constexpr):
+    """Normalised q (scaled by K**-0.5) and k rounded to ``DT``, fp32 (K,)."""
+    offs_k = tl.arange(0, K)
+    q = _l2norm(tl.load(q_ptr + offs_k).to(tl.float32)) * (K**-0.5)
+    k = round_to(_l2norm(tl.load(k_ptr + offs_k).to(tl.float32)), DT)
+    return q, k
+
+
+@triton.jit
+def _delta(S, k, v, alpha, beta):
+    """One gated delta-rule update of a (BV, K) block: returns the new block."""
+    Sk = tl.sum(S * k[None, :], axis=1)
+    d = beta * (v - alpha * Sk)
+    return alpha * S + d[:, None] * k[None, :]
+
+
+@triton.jit
+def _ticket(meta, slot, nprog, new_count, new_step):
+    """The last of the ``nprog`` programs of ``slot`` writes its count and step."""
+    arrived = tl.atomic_add(meta + slot * 4 + 2, 1)
+    if arrived == nprog - 1:
+        tl.store(meta + slot * 4 + 0, new_count)
+        tl.store(meta + slot * 4 + 1, new_step)
+        tl.store(meta + slot * 4 + 2, 0)
+
+
+@triton.jit
+def _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n,
+               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               R: tl.constexpr):
+    """Re-run the delta rule over ring entries 0..n-1 of (slot, head) on block S."""
+    offs_k = tl.arange(0, K)
+    rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
+    rv = ring_v + (slot.to(tl.int64) * R * HV + h) * V
+    rs = slot.to(tl.int64) * R * HV + h
+    for i in range(0, R):  # constant trip count (the interpreter cannot loop to a loaded n)
+        if i < n:
+            ki = tl.load(rk + i * (HK * K) + offs_k).to(tl.float32)
+            vi = tl.load(rv + i * (HV * V) + offs_v).to(tl.float32)
+            gi = tl.load(ring_g + rs + i * HV)
+            bi = tl.load(ring_b + rs + i * HV)
+            S = _delta(S, ki, vi, tl.exp(gi), bi)
+    return S
+
+
+@triton.jit
+def _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
+               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               R: tl.constexpr, RP: tl.constexpr):
+    """``(S_{t-1} k, S_{t-1} q)`` for the rows of a block, with S_{t-1} the stored copy
+    (whose products with k and q are ``Sk0``, ``Sq0``) decayed over ring entries
+    0..n-1 plus their rank-1 terms."""
+    offs_k = tl.arange(0, K)
+    offs_r = tl.arange(0, RP)
+    rmask = offs_r < n
+    rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
+    rd = ring_d + (slot.to(tl.int64) * R * HV + h) * V
+    rs = slot.to(tl.int64) * R * HV + h
+    kr = tl.load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], mask=rmask[:, None],
+                 other=0.0).to(tl.float32)
+    dr = tl.load(rd + offs_r[None, :] * (HV * V) + offs_v[:, None], mask=rmask[None, :],
+                 other=0.0).to(tl.float32)
+    gr = tl.load(ring_g + rs + offs_r * HV, mask=rmask, other=0.0)
+    cum = tl.cumsum(gr, axis=0)
+    G = tl.sum(gr, axis=0)
+    w = tl.where(rmask, tl.exp(G - cum), 0.0)
+    wk = w * tl.sum(kr * k[None, :], axis=1)
+    wq = w * tl.sum(kr * q[None, :], axis=1)
+    eG = tl.exp(G)
+    Sk = eG * Sk0 + tl.sum(dr * wk[None, :], axis=1)
+    Sq = eG * Sq0 + tl.sum(dr * wq[None, :], axis=1)
+    return Sk, Sq
+
+
+@triton.jit
+def _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, pos, k, v, g, beta,
+            HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+            R: tl.constexpr):
+    """Write this step's k (one program per k-head), v slice, g and beta at ``pos``."""
+    offs_k = tl.arange(0, K)
+    ety = ring_v.dtype.element_ty
+    if (h % (HV // HK) == 0) & (pid_v == 0):
+        tl.store(ring_k + ((slot.to(tl.int64) * R + pos) * HK + hk) * K + offs_k, k.to(ety))
+    tl.store(ring_v + ((slot.to(tl.int64) * R + pos) * HV + h) * V + offs_v, v.to(ety))
+    if pid_v == 0:
+        tl.store(ring_g + (slot.to(tl.int64) * R + pos) * HV + h, g)
+        tl.store(ring_b + (slot.to(tl.int64) * R + pos) * HV + h, beta)
+
+
+# ------------------------------------------------------------------------ kernels
+@triton.jit
+def _load(data, s1, s2, mat, offs_v, V: tl.constexpr, BV: tl.constexpr, K: tl.constexpr,
+          FMT: tl.constexpr):
+    return load_state(data, s1, s2, mat, offs_v, offs_v < V, V, FMT, BV, K)
+
+
+@triton.jit
+def _store(S, data, s1, s2, mat, offs_v, seed, step, V: tl.constexpr, BV: tl.constexpr,
+           K: tl.constexpr, FMT: tl.constexpr):
+    store_state(data, s1, s2, S, mat, offs_v, offs_v < V, V, seed, step, FMT, BV, K)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _conventional_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
+    data, s1, s2, meta, seed,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    FMT: tl.constexpr, KV_DT: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    bidx = pid_bh // HV
+    h = pid_bh % HV
+    hk = h // (HV // HK)
+    slot = tl.load(state_idx + bidx)
+    if slot >= 0:
+        SR: tl.constexpr = (FMT == FMT_BF16_SR) or (FMT == FMT_FP16_SR)
+        offs_v = pid_v * BV + tl.arange(0, BV)
+        mat = slot.to(tl.int64) * HV + h
+        S = _load(data, s1, s2, mat, offs_v, V, BV, K, FMT)
+        q, k = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, KV_DT)
+        v = round_to(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), KV_DT)
+        g, beta = _gates(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
+        S = _delta(S, k, v, tl.exp(g), beta)
+        o = tl.sum(S * q[None, :], axis=1)
+        if SR:
+            step = tl.load(meta + slot * 4 + 1)
+        else:
+            step = 0
+        _store(S, data, s1, s2, mat, offs_v, seed, step, V, BV, K, FMT)
+        tl.store(out + (bidx * HV + h) * V + offs_v, o)
+        if SR:
+            _ticket(meta, slot, HV * (V // BV), 0, step + 1)
+
+
+@triton.jit
+def _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
+                ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat, offs_v, n, seed, t,
+                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BV: tl.constexpr, R: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr):
+    """Fold the ring and this step into the decoded checkpoint block ``S``; write the
+    checkpoint (and read copy); return the step's output rows."""
+    S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n, HK, HV, K, V, R)
+    S = _delta(S, k, v, alpha, beta)
+    _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, t, V, BV, K, C_FMT)
+    if F_FMT != FMT_NONE:
+        _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, t, V, BV, K, F_FMT)
+    return tl.sum(S * q[None, :], axis=1)
+
+
+@triton.jit
+def _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g,
+                 ring_b, slot, h, hk, mat, pid_v, offs_v, n,
+                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, DT: tl.constexpr):
+    """Output step from the stored copy ``r_*`` and ring entries 0..n-1; appends this
+    step at position n; returns the output rows."""
+    Sk0, Sq0 = read_dots(r_data, r_s1, r_s2, mat, offs_v, k, q, V, K, FMT)
+    Sk, Sq = _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
+                        HK, HV, K, V, R, RP)
+    d = beta * (v - alpha * Sk)
+    o = alpha * Sq + d * tl.sum(k * q, axis=0)
+    pos = (slot.to(tl.int64) * R + n) * HV + h
+    tl.store(ring_d + pos * V + offs_v, round_to(d, DT).to(ring_d.dtype.element_ty))
+    _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, n, k, v, g, beta,
+            HK, HV, K, V, R)
+    return o
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _replay_step_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
+    c_data, c_s1, c_s2, f_data, f_s1, f_s2,
+    ring_k, ring_v, ring_d, ring_g, ring_b, meta, seed,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    C_FMT: tl.constexpr, F_FMT: tl.constexpr, MODE: tl.constexpr,
+):
+    """One decode step: an output step from the read copy + ring, or (when the ring
+    then holds L entries) a flush.  MODE 0: both branches in one launch.  Split
+    launches: MODE 2 first (flushes only; marks its slots' count -1), then MODE 1
+    (output steps; resets the marked counts to 0).  A shared design passes
+    F_FMT = FMT_NONE and the checkpoint serves the outputs."""
+    pid_v = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    bidx = pid_bh // HV
+    h = pid_bh % HV
+    hk = h // (HV // HK)
+    slot = tl.load(state_idx + bidx)
+    n = tl.load(meta + tl.maximum(slot, 0) * 4)
+    is_flush = n + 1 >= L
+    run = slot >= 0
+    if MODE == 1:
+        # split launches: the flush launch ran first and marked its slots with count -1
+        flushed = run & (n < 0)
+        if flushed:
+            _ticket(meta, slot, HV * (V // BV), 0, tl.load(meta + slot * 4 + 1))
+        run = run & (n >= 0)
+    if MODE == 2:
+        run = run & is_flush
+    if run:
+        DT: tl.constexpr = ring_v.dtype.element_ty
+        t = tl.load(meta + slot * 4 + 1)
+        offs_v = pid_v * BV + tl.arange(0, BV)
+        mat = slot.to(tl.int64) * HV + h
+        q, k = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, DT)
+        v = round_to(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), DT)
+        g, beta = _gates(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
+        alpha = tl.exp(g)
+        if F_FMT != FMT_NONE:
+            r_data, r_s1, r_s2 = f_data, f_s1, f_s2
+            R_FMT: tl.constexpr = F_FMT
+        else:
+            r_data, r_s1, r_s2 = c_data, c_s1, c_s2
+            R_FMT: tl.constexpr = C_FMT
+        if MODE == 2:
+            S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
+            o = _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
+                            ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat, offs_v, n,
+                            seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT)
+            new_n = n * 0 - 1  # marker for the output launch that follows
+        elif MODE == 1:
+            o = _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v,
+                             ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
+                             HK, HV, K, V, R, RP, R_FMT, DT)
+            new_n = n + 1
+        else:
+            if is_flush:
+                S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
+                o = _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1,
+                                f_s2, ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat,
+                                offs_v, n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT)
+                new_n = n * 0
+            else:
+                o = _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v,
+                                 ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
+                                 HK, HV, K, V, R, RP, R_FMT, DT)
+                new_n = n + 1
+        tl.store(out + (bidx * HV + h) * V + offs_v, o)
+        _ticket(meta, slot, HV * (V // BV), new_n, t + 1)
+
+
+@triton.jit
+def _verify_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
+    r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g, ring_b, meta,
+    T: tl.constexpr, TP: tl.constexpr,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
+):
+    """Outputs of T draft steps from the read copy + committed ring entries; drafts
+    are written to the ring behind the commit pointer (no count change)."""
+    pid_v = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    bidx = pid_bh // HV
+    h = pid_bh % HV
+    hk = h // (HV // HK)
+    slot = tl.load(state_idx + bidx)
+    if slot >= 0:
+        DT: tl.constexpr = ring_v.dtype.element_ty
+        ety = ring_d.dtype.element_ty
+        n = tl.load(meta + slot * 4)
+        offs_v = pid_v * BV + tl.arange(0, BV)
+        offs_k = tl.arange(0, K)
+        offs_r = tl.arange(0, RP)
+        offs_t = tl.arange(0, TP)
+        S = _load(r_data, r_s1, r_s2, slot.to(tl.int64) * HV + h, offs_v, V, BV, K, FMT)
+        rmask = offs_r < n
+        rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
+        rd = ring_d + (slot.to(tl.int64) * R * HV + h) * V
+        rs = slot.to(tl.int64) * R * HV + h
+        kr = tl.load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], mask=rmask[:, None],
+                     other=0.0).to(tl.float32)
+        dr = tl.load(rd + offs_r[None, :] * (HV * V) + offs_v[:, None], mask=rmask[None, :],
+                     other=0.0).to(tl.float32)
+        gr = tl.load(ring_g + rs + offs_r * HV, mask=rmask, other=0.0)
+        cum = tl.cumsum(gr, axis=0)
+        G = tl.sum(gr, axis=0)
+        Dd = tl.zeros((BV, TP), dtype=tl.float32)
+        Kd = tl.zeros((TP, K), dtype=tl.float32)
+        cumd = tl.zeros((TP,), dtype=tl.float32)
+        for j in tl.static_range(T):
+            bj = bidx * T + j
+            q, k = _prep_qk(q_ptr + (bj * HK + hk) * K, k_ptr + (bj * HK + hk) * K, K, DT)
+            v = round_to(tl.load(v_ptr + (bj * HV + h) * V + offs_v).to(tl.float32), DT)
+            g, beta = _gates(a_ptr + bj * HV + h, b_ptr + bj * HV + h, A_log, dt_bias, h)
+            alpha = tl.exp(g)
+            w = tl.where(rmask, tl.exp(G - cum), 0.0)
+            wk = w * tl.sum(kr * k[None, :], axis=1)
+            wq = w * tl.sum(kr * q[None, :], axis=1)
+            eG = tl.exp(G)
+            Sk = eG * tl.sum(S * k[None, :], axis=1) + tl.sum(dr * wk[None, :], axis=1)
+            Sq = eG * tl.sum(S * q[None, :], axis=1) + tl.sum(dr * wq[None, :], axis=1)
+            if j > 0:
+                wd = tl.where(offs_t < j, tl.exp(G - cumd), 0.0)
+                wdk = wd * tl.sum(Kd * k[None, :], axis=1)
+                wdq = wd * tl.sum(Kd * q[None, :], axis=1)
+                Sk += tl.sum(Dd * wdk[None, :], axis=1)
+                Sq += tl.sum(Dd * wdq[None, :], axis=1)
+            d = beta * (v - alpha * Sk)
+            o = alpha * Sq + d * tl.sum(k * q, axis=0)
+            dq = round_to(d, DT)
+            tl.store(out + (bj * HV + h) * V + offs_v, o)
+            pos = n + j
+            tl.store(ring_d + ((slot.to(tl.int64) * R + pos) * HV + h) * V + offs_v, dq.to(ety))
+            _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, pos, k, v, g,
+                    beta, HK, HV, K, V, R)
+            Dd = tl.where(offs_t[None, :] == j, dq[:, None], Dd)
+            Kd = tl.where(offs_t[:, None] == j, k[None, :], Kd)
+            G = G + g
+            cumd = tl.where(offs_t == j, G, cumd)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _commit_kernel(
+    accepted, state_idx, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
+    ring_k, ring_v, ring_g, ring_b, meta, seed,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L: tl.constexpr, R: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
+):
+    """Advance the commit pointer by the accepted drafts; fold the ring into the
+    checkpoint (and read copy) once it holds L or more committed entries."""
+    pid_v = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    bidx = pid_bh // HV
+    h = pid_bh % HV
+    hk = h // (HV // HK)
+    slot = tl.load(state_idx + bidx)
+    if slot >= 0:
+        n_acc = tl.load(accepted + bidx)
+        n = tl.load(meta + slot * 4)
+        t = tl.load(meta + slot * 4 + 1)
+        m = n + n_acc
+        new_n = m
+        if m >= L:
+            offs_v = pid_v * BV + tl.arange(0, BV)
+            mat = slot.to(tl.int64) * HV + h
+            S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
+            S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, m,
+                           HK, HV, K, V, R)
+            ts = t + n_acc - 1
+            _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, ts, V, BV, K, C_FMT)
+            if F_FMT != FMT_NONE:
+                _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, ts, V, BV, K, F_FMT)
+            new_n = m * 0
+        _ticket(meta, slot, HV * (V // BV), new_n, t + n_acc)
+
+
+# ------------------------------------------------------------------------- host
+def _pow2_at_least(n: int, lo: int = 2) -> int:
+    return max(lo, triton.next_power_of_2(max(1, n)))
+
+
+def _check_shapes(q: torch.Tensor, v: torch.Tensor, K: int, V: int) -> None:
+    for name, dim in (("K", K), ("V", V)):
+        if dim & (dim - 1):
+            raise ValueError(f"{name} must be a power of two, got {dim}")
+    if q.shape[-1] != K or v.shape[-1] != V:
+        raise ValueError(f"q/k last axis must be K={K} and v's V={V}")
+
+
+def _i32(v: int) -> int:
+    """A uint32 value as the int32 with the same bits (kernel scalar arguments)."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _tl_dtype(dt: torch.dtype):
+    return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]
+
+
+def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool = False,
+                   kernel: str = "replay") -> tuple[int, int]:
+    """``(BV, num_warps)``: rows of V per program and warps, by batch size.
+
+    ``whole_matrix`` (an nvfp4 copy is written) forces BV = V: its matrix scale
+    needs the whole (V, K) matrix in one program.
+    """
+    if whole_matrix:
+        bv = V
+    elif batch * v_heads >= 1024:
+        bv = min(V, 64 if kernel == "replay" else 32)
+    else:
+        bv = min(V, 16)
+    nw = max(1, min(16, bv * K // 1024))
+    return bv, triton.next_power_of_2(nw)
+
+
+def new_meta(slots: int, device) -> torch.Tensor:
+    """Per-slot bookkeeping, int32 (slots, 4): ring count, step, ticket, spare."""
+    return torch.zeros((slots, META_WIDTH), dtype=torch.int32, device=device)
+
+
+def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
+    """A zero-filled :class:`StateStore` (scales included)."""
+    st = StateStore.empty(fmt, shape, device)
+    for t in st.tensors():
+        t.zero_()
+    return st
+
+
+def store_into(dst: StateStore, S: torch.Tensor, *, seed: int, step: int,
+               slots: torch.Tensor | None = None) -> None:
+    """Encode ``S`` with the torch formats into ``dst`` (all slots or ``slots``)."""
+    src = StateStore.encode(S, dst.fmt, seed=seed, step=step)
+    for mine, theirs in zip(dst.tensors(), src.tensors(), strict=True):
+        if slots is None:
+            mine.copy_(theirs.reshape(mine.shape))
+        else:
+            mine[slots] = theirs.reshape(mine[slots].shape)
+
+
+def conventional_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: StateStore,
+    state_indices: torch.Tensor, *, out: torch.Tensor | None = None,
+    meta: torch.Tensor | None = None, seed: int = 0, kv_dtype: torch.dtype = torch.float32,
+    block_v: int | None = None, num_warps: int | None = None,
+) -> torch.Tensor:
+    """Conventional GDN decode step in place on ``state`` (fp32, bf16, fp16, -sr, or
+    fp8-e4m3 / mxfp4 with per-row or per-block scales).
+
+    ``q``, ``k``: (B, HK, K); ``v``: (B, HV, V); ``a``, ``b``: (B, HV); ``state_indices``:
+    (B,) int32 slots.  ``kv_dtype`` rounds normalised k and v first (the ring dtype of a
+    replay design; fp32 = no rounding).  Stochastic rounding (bf16-sr, fp16-sr) needs
+    ``meta`` (its step counter keys the random bits, seed = ``seed``).  Returns the
+    fp32 output (B, HV, V).
+    """
+    B, HK, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    _check_shapes(q, v, K, V)
+    sr = state.fmt_id in (FMT_BF16_SR, FMT_FP16_SR)
+    if sr and meta is None:
+        raise ValueError("stochastic rounding needs the per-slot step counters (meta)")
+    bv, nw = default_config(B, HV, V, K, state.fmt == "nvfp4", kernel="conventional")
+    bv, nw = block_v or bv, num_warps or nw
+    if out is None:
+        out = torch.empty((B, HV, V), dtype=torch.float32, device=q.device)
+    meta_ = meta if meta is not None else state_indices
+    _conventional_kernel[(V // bv, B * HV)](
+        q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
+        A_log, dt_bias, state_indices, out, *state.kernel_args(), meta_, _i32(seed),
+        HK, HV, K, V, bv, state.fmt_id, _tl_dtype(kv_dtype), num_warps=nw,
+    )
+    return out
+
+
+class GDNReplayCache:
+    """Device-side state of a replay design for a pool of ``slots`` sequences.
+
+    ``checkpoint`` is the recursion's format (fp32, bf16, fp16, bf16-sr, fp16-sr, or a
+    packed format for a shared design); ``read`` the read copy's format (None: shared,
+    outputs read the checkpoint).  ``window`` is L; ``drafts`` the largest number of
+    speculative drafts verified at once (the ring holds L - 1 + drafts entries).
+    ``launch``: "fused" (one launch per step, branching per slot on its ring count)
+    or "split" (a flush launch then an output launch, each skipping the other's slots).
+    """
+
+    def __init__(
+        self, slots: int, k_heads: int, v_heads: int, K: int, V: int, *, window: int,
+        checkpoint: str = "fp32", read: str | None = None,
+        ring_dtype: torch.dtype = torch.bfloat16, drafts: int = 0, seed: int = 0,
+        device: torch.device | str = "cuda", batch_hint: int | None = None,
+        block_v: int | None = None, num_warps: int | None = None, launch: str = "fused",
+    ):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if launch not in ("fused", "split"):
+            raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
+        self.slots, self.HK, self.HV, self.K, self.V = slots, k_heads, v_heads, K, V
+        self.L, self.T, self.seed, self.launch = window, drafts, seed, launch
+        self.R = window + max(drafts - 1, 0)
+        self.RP = _pow2_at_least(self.R)
+        shape = (slots, v_heads, V, K)
+        self.ckpt = empty_store(checkpoint, shape, device)
+        self.read = empty_store(read, shape, device) if read is not None else None
+        whole = "nvfp4" in (checkpoint, read)
+        bv, nw = default_config(batch_hint or slots, v_heads, V, K, whole)
+        self.BV, self.num_warps = block_v or bv, num_warps or nw
+        if whole and self.BV != V:
+            raise ValueError("an nvfp4 copy needs block_v == V")
+        R = self.R
+        self.ring_k = torch.zeros((slots, R, k_heads, K), dtype=ring_dtype, device=device)
+        self.ring_v = torch.zeros((slots, R, v_heads, V), dtype=ring_dtype, device=device)
+        self.ring_d = torch.zeros((slots, R, v_heads, V), dtype=ring_dtype, device=device)
+        self.ring_g = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
+        self.ring_beta = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
+        self.meta = new_meta(slots, device)
+
+    # -- bookkeeping -------------------------------------------------------
+    @property
+    def ring_count(self) -> torch.Tensor:
+        return self.meta[:, META_COUNT]
+
+    @property
+    def step_count(self) -> torch.Tensor:
+        return self.meta[:, META_STEP]
+
+    def reset(self, S0: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
+        """Load a float state (zeros if None) into checkpoint and read copy (encoded by
+        the torch formats, SR step 0) and clear the bookkeeping of ``slots`` (all if None)."""
+        if S0 is None:
+            n = self.slots if slots is None else len(slots)
+            S0 = torch.zeros((n, self.HV, self.V, self.K), device=self.meta.device)
+        store_into(self.ckpt, S0, seed=self.seed, step=0, slots=slots)
+        if self.read is not None:
+            store_into(self.read, S0, seed=self.seed + 1, step=0, slots=slots)
+        if slots is None:
+            self.meta.zero_()
+        else:
+            self.meta[slots] = 0
+
+    def _copies(self):
+        c, f = self.ckpt, self.read
+        fargs = f.kernel_args() if f is not None else c.kernel_args()
+        f_id = f.fmt_id if f is not None else FMT_NONE
+        return c, f, fargs, f_id
+
+    # -- steps -------------------------------------------------------------
+    def step(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
+        """One decode step for the B sequences (shapes as :func:`conventional_step`)."""
+        B = q.shape[0]
+        _check_shapes(q, v, self.K, self.V)
+        if out is None:
+            out = torch.empty((B, self.HV, self.V), dtype=torch.float32, device=q.device)
+        c, f, fargs, f_id = self._copies()
+        args = (q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
+                A_log, dt_bias, state_indices, out, *c.kernel_args(), *fargs,
+                self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
+                self.meta, _i32(self.seed))
+        grid = (self.V // self.BV, B * self.HV)
+        consts = (self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R, self.RP,
+                  c.fmt_id, f_id)
+        if self.launch == "fused":
+            _replay_step_kernel[grid](*args, *consts, 0, num_warps=self.num_warps)
+        else:
+            # flush launch first: it skips (and leaves alone) the counts of other slots
+            _replay_step_kernel[grid](*args, *consts, 2, num_warps=self.num_warps)
+            _replay_step_kernel[grid](*args, *consts, 1, num_warps=self.num_warps)
+        return out
+
+    def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
+        """Outputs of T drafts per sequence: q, k (B, T, HK, K), v (B, T, HV, V),
+        a, b (B, T, HV).  Drafts go behind the commit pointer; call :meth:`commit`."""
+        B, T = q.shape[0], q.shape[1]
+        if T > max(self.T, 1):
+            raise ValueError(f"this cache was built for at most {self.T} drafts, got {T}")
+        _check_shapes(q, v, self.K, self.V)
+        if out is None:
+            out = torch.empty((B, T, self.HV, self.V), dtype=torch.float32, device=q.device)
+        c, f, fargs, f_id = self._copies()
+        r = f if f is not None else c
+        _verify_kernel[(self.V // self.BV, B * self.HV)](
+            q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
+            A_log, dt_bias, state_indices, out, *r.kernel_args(),
+            self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.meta,
+            T, _pow2_at_least(T), self.HK, self.HV, self.K, self.V, self.BV, self.R, self.RP,
+            r.fmt_id, num_warps=self.num_warps,
+        )
+        return out
+
+    def commit(self, accepted: torch.Tensor, state_indices: torch.Tensor) -> None:
+        """Advance each sequence's commit pointer by ``accepted`` (B,) int32 drafts;
+        slots holding L or more committed entries are flushed."""
+        B = accepted.shape[0]
+        c, f, fargs, f_id = self._copies()
+        _commit_kernel[(self.V // self.BV, B * self.HV)](
+            accepted, state_indices, *c.kernel_args(), *fargs,
+            self.ring_k, self.ring_v, self.ring_g, self.ring_beta, self.meta, _i32(self.seed),
+            self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R, c.fmt_id, f_id,
+            num_warps=self.num_warps,
+        )
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes of the checkpoint, read copy and ring."""
+        ring = sum(t.numel() * t.element_size() for t in
+                   (self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta))
+        return {"checkpoint": self.ckpt.nbytes(),
+                "read": self.read.nbytes() if self.read is not None else 0, "ring": ring}
