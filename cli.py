@@ -1,15 +1,418 @@
-"""The ``precisionlab`` command line (typer + rich)."""
+"""The ``precisionlab`` command line: drift studies, plots, CI gates, formats,
+model presets and GPU benchmarks."""
 
 from __future__ import annotations
 
-import typer
+import json
+import sys
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="Numerical-precision studies of SSM decode state (Mamba-2, Gated DeltaNet).",
+)
+trace_app = typer.Typer(no_args_is_help=True, help="Save and inspect layer-input traces.")
+app.add_typer(trace_app, name="trace")
+# wide enough for the tables when the output is a file or a CI log
+out = Console() if sys.stdout.isatty() else Console(width=160)
+err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
+
+USAGE_EXIT = 2
+
+
+class Dynamics(str, Enum):
+    trained = "trained"
+    init = "init"
+
+
+class RingDtype(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class Backend(str, Enum):
+    auto = "auto"
+    torch = "torch"
+    triton = "triton"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class PlotKind(str, Enum):
+    curves = "curves"
+    window = "window"
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean 'bad input': reported in one line, exit 2."""
+    from precisionlab.formats import FormatError, UnknownFormatError
+    from precisionlab.studies import StudyError
+
+    from precisionlab import export, gates, plots
+    from precisionlab.designs import DesignError
+    from precisionlab.engine import EngineError
+    from precisionlab.presets import UnknownModelError
+    from precisionlab.traces import TraceError
+
+    return (StudyError, DesignError, EngineError, TraceError, FormatError, UnknownFormatError,
+            UnknownModelError, export.ResultError, plots.PlotError, gates.GateError)
+
+
+def fail(message: str, code: int = USAGE_EXIT) -> None:
+    err.print("[bold red]error:[/] " + escape(message), highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def guarded(fn: Callable[[], object]) -> object:
+    """Run ``fn``; turn the project's bad-input errors into one line and exit 2."""
+    try:
+        return fn()
+    except _usage_errors() as exc:
+        fail(str(exc))
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    return Progress("[progress.description]{task.description}", BarColumn(),
+                    MofNCompleteColumn(), TimeRemainingColumn(), console=err, transient=True)
+
+
+def _summary_table(ds, title: str) -> Table:
+    from precisionlab.metrics import summarise
+
+    final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
+    table = Table(title=title, title_justify="left")
+    for col in ("design", "format", "window", "final", "peak", "mean", "growth"):
+        table.add_column(col, justify="right" if col not in ("design", "format") else "left")
+    for d in ds["design"].values:
+        for f in ds["format"].values:
+            for w in ds["window"].values:
+                sel = {"design": d, "format": f, "window": w}
+                table.add_row(str(d), str(f), str(int(w)), f"{float(final.sel(sel)):.3e}",
+                              f"{float(peak.sel(sel)):.3e}", f"{float(mean.sel(sel)):.3e}",
+                              f"{float(ds['growth'].sel(sel)):+.2f}")
+    return table
+
+
+def command_line(ctx: typer.Context) -> str:
+    """The running command with every option spelled out (defaults included), so a
+    result file says exactly how to reproduce it."""
+    import shlex
+
+    words = ["precisionlab", *ctx.command_path.split()[1:]]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or getattr(param, "param_type_name", "") != "option":
+            continue
+        flag = max(param.opts, key=len)
+        for v in value if isinstance(value, list | tuple) else [value]:
+            words += [flag, str(v.value if isinstance(v, Enum) else v)]
+    return shlex.join(words)
+
+
+def _run_study(ctx: typer.Context, study: Callable, out_path: Path | None,
+               plot_path: Path | None, plot_kind: str, **kwargs):
+    from precisionlab.export import check_writable, save_result
+    from precisionlab.plots import save_plot
+
+    if out_path is not None:
+        check_writable(out_path)
+    with _progress() as progress:
+        task = progress.add_task("decoding", total=None)
+
+        def tick(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        ds = study(progress=tick, command=command_line(ctx), **kwargs)
+    out.print(_summary_table(ds, f"{ds.attrs['title']} — {ds.attrs['steps']} steps, "
+                                 f"batch {ds.attrs['batch']}, relative output error"))
+    if out_path is not None:
+        out.print(f"wrote {save_result(ds, out_path)}")
+    if plot_path is not None:
+        out.print(f"wrote {save_plot(ds, plot_path, plot_kind)}")
+    return ds
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name or trace file.")]
+FormatOpt = Annotated[list[str] | None, typer.Option(
+    "--format", "-f", help="Read format (repeatable). Default: fp8-e4m3 and nvfp4.")]
+WindowOpt = Annotated[list[int] | None, typer.Option("--window", "-L", help="Window (repeatable).")]
+StepsOpt = Annotated[int, typer.Option(help="Decode steps.")]
+BatchOpt = Annotated[int, typer.Option(help="Sequences per batch.")]
+OutOpt = Annotated[Path | None, typer.Option(
+    "--out", "-o", help="Result file: .nc, .zarr or .csv. Default: drift-<model>.nc")]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Also write a PNG figure.")]
+
+DEFAULT_FORMATS = ["fp8-e4m3", "nvfp4"]
+
+
+def _study_options(model, formats, windows, checkpoint_format, steps, batch, seed, dynamics,
+                   ring_dtype, backend, device) -> dict:
+    return dict(model=model, formats=formats or DEFAULT_FORMATS, windows=windows or [16],
+                checkpoint_format=checkpoint_format, steps=steps, batch=batch, seed=seed,
+                dynamics=dynamics.value, ring_dtype=ring_dtype.value, backend=backend.value,
+                device=device.value)
+
+
+def _default_out(model: str, study: str) -> Path:
+    return Path(f"{study}-{Path(model).stem}.nc")
+
+
+@app.command()
+def drift(
+    ctx: typer.Context,
+    model: ModelOpt = "nemotron-3-nano-4b",
+    format: FormatOpt = None,
+    design: Annotated[list[str] | None, typer.Option(
+        "--design", "-d", help="shared and/or split (repeatable).")] = None,
+    window: WindowOpt = None,
+    checkpoint_format: Annotated[str, typer.Option(help="Split designs' checkpoint.")] = "fp32",
+    steps: StepsOpt = 1024,
+    batch: BatchOpt = 2,
+    seed: int = 0,
+    dynamics: Dynamics = Dynamics.trained,
+    ring_dtype: RingDtype = RingDtype.bf16,
+    backend: Backend = Backend.auto,
+    device: Device = Device.auto,
+    out_path: OutOpt = None,
+    plot: PlotOpt = None,
+) -> None:
+    """Drift of each (design, format, window) against the fp64 reference."""
+    from precisionlab.studies import drift as study
+
+    opts = _study_options(model, format, window, checkpoint_format, steps, batch, seed, dynamics,
+                          ring_dtype, backend, device)
+    opts["designs"] = design or ["shared", "split"]
+    guarded(lambda: _run_study(ctx, study, out_path or _default_out(model, "drift"), plot,
+                               "curves", **opts))
+
+
+@app.command()
+def compare(
+    ctx: typer.Context,
+    model: ModelOpt = "nemotron-3-nano-4b",
+    format: FormatOpt = None,
+    window: WindowOpt = None,
+    checkpoint_format: Annotated[str, typer.Option(help="Split designs' checkpoint.")] = "fp32",
+    steps: StepsOpt = 1024,
+    batch: BatchOpt = 2,
+    seed: int = 0,
+    dynamics: Dynamics = Dynamics.trained,
+    ring_dtype: RingDtype = RingDtype.bf16,
+    backend: Backend = Backend.auto,
+    device: Device = Device.auto,
+    out_path: OutOpt = None,
+    plot: PlotOpt = None,
+) -> None:
+    """Shared vs split at equal read format: ratio of their errors."""
+    from precisionlab.studies import compare as study
+
+    opts = _study_options(model, format, window, checkpoint_format, steps, batch, seed, dynamics,
+                          ring_dtype, backend, device)
+
+    def run():
+        ds = _run_study(ctx, study, out_path or _default_out(model, "compare"), plot, "curves",
+                        **opts)
+        table = Table(title="shared / split final error (above 1: split drifts less)",
+                      title_justify="left")
+        for col in ("format", "window", "ratio"):
+            table.add_column(col)
+        for f in ds["format"].values:
+            for w in ds["window"].values:
+                r = float(ds["final_ratio"].sel(format=f, window=w))
+                table.add_row(str(f), str(int(w)), f"{r:.2f}")
+        out.print(table)
+
+    guarded(run)
+
+
+@app.command("window")
+def window_cmd(
+    ctx: typer.Context,
+    model: ModelOpt = "nemotron-3-nano-4b",
+    format: FormatOpt = None,
+    window: Annotated[list[int] | None, typer.Option(
+        "--window", "-L", help="Windows to sweep. Default: 1 4 8 16 32 64.")] = None,
+    design: Annotated[list[str] | None, typer.Option("--design", "-d")] = None,
+    checkpoint_format: Annotated[str, typer.Option(help="Split designs' checkpoint.")] = "fp32",
+    steps: StepsOpt = 1024,
+    batch: BatchOpt = 2,
+    seed: int = 0,
+    dynamics: Dynamics = Dynamics.trained,
+    ring_dtype: RingDtype = RingDtype.bf16,
+    backend: Backend = Backend.auto,
+    device: Device = Device.auto,
+    out_path: OutOpt = None,
+    plot: PlotOpt = None,
+) -> None:
+    """Sweep the window L: final error and growth per design and format."""
+    from precisionlab.studies import window_sweep as study
+    from precisionlab.studies.window import DEFAULT_WINDOWS
+
+    opts = _study_options(model, format, window or list(DEFAULT_WINDOWS), checkpoint_format,
+                          steps, batch, seed, dynamics, ring_dtype, backend, device)
+    opts["designs"] = design or ["shared", "split"]
+    guarded(lambda: _run_study(ctx, study, out_path or _default_out(model, "window"), plot,
+                               "window", **opts))
+
+
+@app.command()
+def plot(
+    result: Annotated[Path, typer.Argument(help="A result file (.nc, .zarr, .csv).")],
+    kind: Annotated[PlotKind, typer.Option(help="curves or window.")] = PlotKind.curves,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="PNG to write.")] = Path(
+        "drift.png"),
+) -> None:
+    """Draw a result: drift curves or the window map."""
+    from precisionlab.export import load_result
+    from precisionlab.plots import save_plot
+
+    guarded(lambda: out.print(f"wrote {save_plot(load_result(result), out_path, kind.value)}"))
+
+
+@app.command()
+def gate(
+    result: Annotated[Path, typer.Argument(help="A result file (.nc, .zarr, .csv).")],
+    max_rel_err: Annotated[float | None, typer.Option(help="Bound on the error.")] = None,
+    at: Annotated[str, typer.Option(help="final, max, mean or a step index.")] = "final",
+    where: Annotated[list[str] | None, typer.Option(
+        help="Select configurations, KEY=VALUE (design, format, window); repeatable.")] = None,
+    baseline: Annotated[Path | None, typer.Option(help="Earlier result to compare to.")] = None,
+    rtol: Annotated[float, typer.Option(help="Allowed growth over the baseline.")] = 0.1,
+    junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report.")] = None,
+) -> None:
+    """Check a result in CI: exit 0 if all selected configurations pass, 1 if any fails,
+    2 on bad input."""
+    from precisionlab import gates
+    from precisionlab.export import load_result
+
+    if at not in ("final", "max", "mean") and not at.lstrip("-").isdigit():
+        fail(f"--at must be final, max, mean or a step index, got {at!r}")
+    at_value: str | int = at if at in ("final", "max", "mean") else int(at)
+
+    def run() -> list:
+        ds = load_result(result)
+        base = load_result(baseline) if baseline is not None else None
+        checks = gates.check(ds, max_rel_err=max_rel_err, at=at_value,
+                             where=gates.parse_where(where), baseline=base, rtol=rtol)
+        if junit is not None:
+            gates.write_junit(checks, junit, at_value)
+        return checks
+
+    checks = guarded(run)
+    for c in checks:
+        mark = "[green]PASS[/]" if c.passed else "[bold red]FAIL[/]"
+        out.print(f"{mark} " + escape(f"{c.name}: rel_err[{at}] = {c.value:.4g} (limit "
+                                      f"{c.limit:.4g}: {c.reason})"), highlight=False)
+    failed = sum(not c.passed for c in checks)
+    out.print(f"{len(checks) - failed} passed, {failed} failed")
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the model presets (SSM layer shapes)."""
+    from precisionlab.presets import PRESETS
+
+    if as_json:
+        print(json.dumps([p.as_dict() for p in PRESETS.values()], indent=2))
+        return
+    table = Table(title="model presets (one SSM layer)", title_justify="left")
+    for col in ("name", "kind", "heads", "head dim", "state dim", "groups / k-heads",
+                "SSM layers", "state MiB (fp32)", "source"):
+        table.add_column(col)
+    for p in PRESETS.values():
+        src = p.source + (" [yellow](lower confidence)[/]" if p.confidence == "low" else "")
+        table.add_row(p.name, p.kind, str(p.heads), str(p.head_dim), str(p.state_dim),
+                      str(p.groups), str(p.ssm_layers), f"{p.state_elements * 4 / 2**20:.2f}",
+                      src)
+    out.print(table)
+
+
+@app.command()
+def formats(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the state formats."""
+    from precisionlab.formats.info import describe
+
+    from precisionlab import formats as fmts
+
+    rows = [describe(n) for n in fmts.names()]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="state formats", title_justify="left")
+    for col in ("name", "bits/element", "block", "scale", "rounding", "max normal",
+                "min subnormal"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], f"{r['bits_per_element']:.3f}", str(r["block"] or "-"),
+                      r["scale"], r["rounding"], f"{r['max_normal']:.6g}",
+                      f"{r['min_subnormal']:.6g}")
+    out.print(table)
+
+
+@trace_app.command("save")
+def trace_save(
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="A .safetensors file.")],
+    model: ModelOpt = "tiny-mamba2",
+    steps: StepsOpt = 256,
+    batch: BatchOpt = 1,
+    seed: int = 0,
+    dynamics: Dynamics = Dynamics.trained,
+) -> None:
+    """Save a synthetic trace of a preset to a file that `drift --model FILE` replays."""
+    from precisionlab.studies.drift import open_model
+
+    from precisionlab.traces import save_trace
+
+    if out_path.suffix != ".safetensors":
+        fail(f"trace files end in .safetensors, got {str(out_path)!r}")
+
+    def run():
+        trace = open_model(model, steps=steps, batch=batch, seed=seed, dynamics=dynamics.value)
+        parent = out_path.parent if str(out_path.parent) else Path(".")
+        if not parent.is_dir():
+            fail(f"cannot write {str(out_path)!r}: folder {str(parent)!r} does not exist")
+        out.print(f"wrote {save_trace(trace, out_path)} ({trace.steps} steps, batch "
+                  f"{trace.batch})")
+
+    guarded(run)
+
+
+@trace_app.command("info")
+def trace_info(path: Annotated[Path, typer.Argument(help="A .safetensors trace.")]) -> None:
+    """Describe a trace file."""
+    from precisionlab.traces import SavedTrace
+
+    def run():
+        t = SavedTrace(path)
+        out.print(f"{path}: {t.kind}, {t.preset.state_shape} state, {t.steps} steps, batch "
+                  f"{t.batch}, source {t.source}")
+
+    guarded(run)
 
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        err.print("interrupted")
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ def write_junit(checks: list[GateCheck], path: str | os.PathLike, at: str | int)
     for c in checks:
         case = ET.SubElement(suite, "testcase", classname="precisionlab.gate", name=c.name)
         if not c.passed:
-            f = ET.SubElement(case, "failure", message=f"rel_err[{at}] {c.value:.4g} > {c.limit:.4g}")
+            message = f"rel_err[{at}] {c.value:.4g} > {c.limit:.4g}"
+            f = ET.SubElement(case, "failure", message=message)
             f.text = c.reason
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():

@@ -58,7 +58,7 @@ def window_figure(ds: xr.Dataset) -> plt.Figure:
     vmin = float(final.where(final > 0).min())
     vmax = float(final.max())
     norm = matplotlib.colors.LogNorm(vmin=max(vmin, 1e-12), vmax=max(vmax, vmin * 10))
-    for ax, design in zip(axes[0], ds["design"].values):
+    for ax, design in zip(axes[0], ds["design"].values, strict=False):
         table = final.sel(design=design).transpose("window", "format").to_pandas()
         sns.heatmap(table, ax=ax, annot=True, fmt=".1e", norm=norm, cmap="rocket_r",
                     cbar=ax is axes[0][-1], annot_kws={"fontsize": 8})

@@ -102,12 +102,14 @@ class SyntheticTrace(Trace):
     ):
         self.preset = get_preset(preset) if isinstance(preset, str) else preset
         if dynamics not in DYNAMICS:
-            raise TraceError(f"unknown dynamics {dynamics!r}; choose one of {', '.join(DYNAMICS)}")
+            raise TraceError(
+                f"unknown dynamics {dynamics!r}; choose one of {', '.join(DYNAMICS)}")
         if steps < 1 or batch < 1:
             raise TraceError(f"steps and batch must be positive, got steps={steps}, batch={batch}")
         if not 0.0 <= rho < 1.0:
             raise TraceError(f"rho must be in [0, 1), got {rho}")
-        self.steps, self.batch, self.seed, self.dynamics, self.rho = steps, batch, seed, dynamics, rho
+        self.steps, self.batch, self.seed = steps, batch, seed
+        self.dynamics, self.rho = dynamics, rho
         self.source = f"synthetic({self.preset.name}, dynamics={dynamics}, seed={seed})"
         self.params = self._make_params()
 
@@ -153,7 +155,8 @@ class SavedTrace(Trace):
         except (SafetensorError, OSError, ValueError) as exc:
             raise TraceError(f"{self.path} is not a readable safetensors trace: {exc}") from None
         if meta.get("schema") != SCHEMA:
-            raise TraceError(f"{self.path}: not a precisionlab trace (schema {meta.get('schema')!r})")
+            raise TraceError(
+                f"{self.path}: not a precisionlab trace (schema {meta.get('schema')!r})")
         try:
             kind = meta["kind"]
             dims = json.loads(meta["dims"])

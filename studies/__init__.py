@@ -1,0 +1,7 @@
+"""Studies: experiments that return an ``xarray.Dataset``."""
+
+from .compare import compare
+from .drift import StudyError, drift
+from .window import window_sweep
+
+__all__ = ["StudyError", "compare", "drift", "window_sweep"]

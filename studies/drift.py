@@ -4,8 +4,6 @@ step by step, as an ``xarray.Dataset``."""
 from __future__ import annotations
 
 import platform
-import shlex
-import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -187,11 +185,6 @@ def drift(
 def _api_call(name: str, **kwargs) -> str:
     args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
     return f"precisionlab.{name}({args})"
-
-
-def cli_command() -> str:
-    """The command line that is running, for a result's ``command`` attribute."""
-    return shlex.join(["precisionlab", *sys.argv[1:]])
 
 
 __all__ = ["drift", "build_designs", "StudyError", "is_flush_step"]

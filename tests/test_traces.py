@@ -15,7 +15,7 @@ def test_synthetic_is_seeded_and_streamed():
     b = list(SyntheticTrace("tiny-mamba2", steps=5, batch=2, seed=3))
     c = list(SyntheticTrace("tiny-mamba2", steps=5, batch=2, seed=4))
     assert len(a) == 5 and a[0]["x"].shape == (2, 4, 8) and a[0]["B"].shape == (2, 2, 32)
-    assert all(torch.equal(x["x"], y["x"]) for x, y in zip(a, b))
+    assert all(torch.equal(x["x"], y["x"]) for x, y in zip(a, b, strict=False))
     assert not torch.equal(a[1]["x"], c[1]["x"])
 
 
@@ -41,7 +41,7 @@ def test_save_and_load_round_trip(tmp_path, model):
     assert isinstance(loaded, SavedTrace)
     assert loaded.steps == 7 and loaded.batch == 2 and loaded.kind == trace.kind
     assert loaded.preset.state_shape == trace.preset.state_shape
-    for a, b in zip(trace, loaded):
+    for a, b in zip(trace, loaded, strict=False):
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
     assert not list(tmp_path.glob(".*tmp"))

@@ -78,7 +78,7 @@ def conventional_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Read the state, apply the gated delta rule, return ``(new_state, o)``."""
     hv = S.shape[1]
-    q, k = to_value_heads(inp.q, hv), to_value_heads(inp.k, hv)
+    k = to_value_heads(inp.k, hv)
     alpha = torch.exp(inp.g)
     Sk = torch.einsum("bhvk,bhk->bhv", S, k)
     d = inp.beta[..., None] * (inp.v - alpha[..., None] * Sk)

@@ -1,0 +1,163 @@
+"""End-to-end: drive the CLI as a user would (drift -> file -> plot -> gate)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xarray as xr
+from typer.testing import CliRunner
+
+from cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def result_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "tiny.nc"
+    r = invoke("drift", "--model", "tiny-mamba2", "--format", "fp8-e4m3", "--format", "nvfp4",
+               "--window", "4", "--window", "16", "--steps", "256", "--batch", "2", "--device",
+               "cpu", "--out", str(path))
+    assert r.exit_code == 0, r.output
+    assert "shared" in r.output and "split" in r.output and "growth" in r.output
+    assert f"wrote {path}" in r.output
+    return path
+
+
+def test_drift_writes_a_self_describing_result(result_file):
+    ds = xr.open_dataset(result_file, engine="h5netcdf")
+    assert set(ds.dims) == {"design", "format", "window", "step"}
+    assert ds.sizes == {"design": 2, "format": 2, "window": 2, "step": 256}
+    assert ds.attrs["model"] == "tiny-mamba2" and ds.attrs["batch"] == 2
+    assert ds.attrs["command"].startswith("precisionlab drift")
+    assert "version_torch" in ds.attrs and "device" in ds.attrs
+    assert float(ds["rel_err"].isel(step=-1).min()) > 0
+
+
+def test_plot_both_kinds(result_file, tmp_path):
+    for kind in ("curves", "window"):
+        png = tmp_path / f"{kind}.png"
+        r = invoke("plot", str(result_file), "--kind", kind, "--out", str(png))
+        assert r.exit_code == 0, r.output
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_gate_pass_and_fail(result_file, tmp_path):
+    junit = tmp_path / "gate.xml"
+    ok = invoke("gate", str(result_file), "--max-rel-err", "10", "--junit", str(junit))
+    assert ok.exit_code == 0, ok.output
+    assert "8 passed, 0 failed" in ok.output
+    assert 'failures="0"' in junit.read_text()
+    bad = invoke("gate", str(result_file), "--max-rel-err", "1e-9", "--where", "design=split",
+                 "--where", "format=nvfp4")
+    assert bad.exit_code == 1
+    assert "0 passed, 2 failed" in bad.output and "FAIL" in bad.output
+
+
+def test_gate_against_a_baseline(result_file):
+    same = invoke("gate", str(result_file), "--baseline", str(result_file), "--rtol", "0")
+    assert same.exit_code == 0, same.output
+    at_step = invoke("gate", str(result_file), "--max-rel-err", "1e-3", "--at", "0")
+    assert at_step.exit_code == 0, at_step.output  # step 0: fresh state, tiny error
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["drift", "--model", "no-such-model"], "unknown model"),
+        (["drift", "--model", "tiny-gdn", "--format", "fp7"], "unknown format"),
+        (["drift", "--model", "tiny-gdn", "--design", "both"], "unknown design"),
+        (["drift", "--model", "tiny-gdn", "--window", "0"], "window"),
+        (["drift", "--model", "tiny-gdn", "--steps", "0"], "steps must be positive"),
+        (["drift", "--model", "tiny-gdn", "--out", "/no/such/dir/r.nc"], "does not exist"),
+        (["drift", "--model", "tiny-gdn", "--out", "r.txt"], "cannot tell the file type"),
+        (["drift", "--model", "tiny-gdn", "--device", "cuda"], "CUDA"),
+        (["gate", "missing.nc", "--max-rel-err", "1"], "not found"),
+        (["gate", "RESULT", "--max-rel-err", "1", "--where", "format=mxfp4"], "no format mxfp4"),
+        (["gate", "RESULT", "--max-rel-err", "1", "--where", "colour=red"], "--where key"),
+        (["gate", "RESULT"], "give a bound"),
+        (["gate", "RESULT", "--max-rel-err", "1", "--at", "soon"], "--at must be"),
+        (["plot", "RESULT", "--out", "x.jpg"], "PNG"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, result_file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if "cuda" in args:
+        pytest.importorskip("torch")
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is present")
+    args = [str(result_file) if a == "RESULT" else a for a in args]
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output
+    assert not list(tmp_path.iterdir()), "no partial files"
+
+
+def test_unreadable_result_is_a_usage_error(tmp_path):
+    junk = tmp_path / "junk.nc"
+    junk.write_text("not netcdf")
+    r = invoke("gate", str(junk), "--max-rel-err", "1")
+    assert r.exit_code == 2 and "cannot read result" in r.output
+
+
+def test_formats_and_models_listings():
+    r = invoke("formats", "--json")
+    assert r.exit_code == 0
+    rows = json.loads(r.output)
+    assert [row["name"] for row in rows][:10] == [
+        "fp32", "bf16", "fp16", "bf16-sr", "fp16-sr", "fp8-e4m3", "fp8-e5m2", "mxfp8", "nvfp4",
+        "mxfp4"]
+    nvfp4 = next(row for row in rows if row["name"] == "nvfp4")
+    assert 4.5 <= nvfp4["bits_per_element"] < 4.51
+    m = invoke("models", "--json")
+    assert m.exit_code == 0
+    assert any(p["name"] == "qwen3.5-4b" and p["kind"] == "gdn" for p in json.loads(m.output))
+    assert invoke("models").exit_code == 0 and invoke("formats").exit_code == 0
+
+
+def test_trace_save_then_drift_replays_it(tmp_path):
+    trace = tmp_path / "t.safetensors"
+    r = invoke("trace", "save", "--model", "tiny-gdn", "--steps", "40", "--out", str(trace))
+    assert r.exit_code == 0, r.output
+    info = invoke("trace", "info", str(trace))
+    assert info.exit_code == 0 and "40 steps" in info.output
+    out = tmp_path / "r.csv"
+    d = invoke("drift", "--model", str(trace), "--format", "fp8-e4m3", "--window", "8",
+               "--device", "cpu", "--out", str(out))
+    assert d.exit_code == 0, d.output
+    assert xr.load_dataset  # noqa: B018 - import is used below
+    from precisionlab.export import load_result
+
+    assert load_result(out).sizes["step"] == 40
+
+
+def test_compare_and_window_studies(tmp_path):
+    r = invoke("compare", "--model", "tiny-gdn", "--format", "fp8-e4m3", "--steps", "64",
+               "--device", "cpu", "--out", str(tmp_path / "c.nc"))
+    assert r.exit_code == 0, r.output and "shared / split" in r.output
+    w = invoke("window", "--model", "tiny-mamba2", "--format", "fp8-e4m3", "-L", "1", "-L", "8",
+               "--steps", "64", "--device", "cpu", "--out", str(tmp_path / "w.zarr"),
+               "--plot", str(tmp_path / "w.png"))
+    assert w.exit_code == 0, w.output
+    assert (tmp_path / "w.zarr").is_dir() and (tmp_path / "w.png").is_file()
+
+
+def test_console_script_runs():
+    r = subprocess.run([sys.executable, "-m", "precisionlab.cli", "models", "--json"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "nemotron-3-nano-4b" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "precisionlab.cli", "drift", "--model", "x"],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "unknown model" in bad.stderr and "Traceback" not in bad.stderr
