@@ -39,6 +39,13 @@ def require_last_axis(x: torch.Tensor, fmt: str, multiple: int = 1) -> None:
         raise FormatError(f"{fmt} needs the last axis to be a multiple of {multiple}, got {n}")
 
 
+def div_scalar(a: torch.Tensor, b: float) -> torch.Tensor:
+    """``a / b`` correctly rounded on every device.  (On CUDA, torch turns division
+    by a Python scalar into multiplication by its reciprocal, which can be one ulp
+    off; dividing by a tensor is IEEE division.)"""
+    return a / torch.full_like(a, b)
+
+
 def f32_bits(x: torch.Tensor) -> torch.Tensor:
     """The int32 bit pattern of a float32 tensor."""
     return x.view(torch.int32)

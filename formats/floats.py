@@ -2,7 +2,8 @@
 stochastic-rounding variants fp16-sr, bf16-sr.
 
 Bit layout: ``codes`` is the int32 (fp32) or int16 (the 16-bit formats) bit view
-of the stored value, same shape as the input; there are no scales.
+of the stored value, same shape as the input; there are no scales.  NaN: fp32 keeps
+the input's bits; the 16-bit formats store 0x7E00 (fp16) / 0x7FC0 (bf16).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ _INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloa
 
 class _IEEEFormat(Format):
     """Stores each element as one IEEE value of ``dtype`` (torch's RNE cast:
-    fp16/bf16 overflow to ±inf as IEEE requires; NaN and ±inf are kept)."""
+    fp16/bf16 overflow to ±inf as IEEE requires; ±inf is kept).  Every NaN is
+    stored as the canonical quiet NaN (fp16 0x7E00, bf16 0x7FC0), since torch's
+    casts give different NaN bits on CPU and CUDA; fp32 keeps NaN bits as they are."""
 
     dtype: torch.dtype
+    nan_code: int = 0
 
     def encode(self, x, *, generator=None, seed=None, step=0) -> Packed:
         x = as_float32(x, self.name)
@@ -34,7 +38,10 @@ class _IEEEFormat(Format):
         return x.to(self.dtype)
 
     def _pack(self, values: torch.Tensor, shape: torch.Size) -> Packed:
-        return Packed(self.name, values.view(_INT_VIEW[self.dtype]), tuple(shape))
+        codes = values.view(_INT_VIEW[self.dtype])
+        if self.dtype != torch.float32:
+            codes = torch.where(torch.isnan(values), self.nan_code, codes)
+        return Packed(self.name, codes, tuple(shape))
 
     def decode(self, packed: Packed) -> torch.Tensor:
         if packed.format != self.name:
@@ -61,6 +68,7 @@ class FP16(_IEEEFormat):
 
     name = "fp16"
     dtype = torch.float16
+    nan_code = 0x7E00
     spec = FP16_SPEC
 
 
@@ -69,6 +77,7 @@ class BF16(_IEEEFormat):
 
     name = "bf16"
     dtype = torch.bfloat16
+    nan_code = 0x7FC0
     spec = BF16_SPEC
 
 
@@ -129,6 +138,7 @@ class FP16SR(_StochasticFormat):
 
     name = "fp16-sr"
     dtype = torch.float16
+    nan_code = 0x7E00
     spec = FormatSpec(5, 10, 15, 65504.0, 2.0**-24, rounding="stochastic")
 
 
@@ -137,4 +147,5 @@ class BF16SR(_StochasticFormat):
 
     name = "bf16-sr"
     dtype = torch.bfloat16
+    nan_code = 0x7FC0
     spec = FormatSpec(8, 7, 127, 3.3895313892515355e38, 2.0**-133, rounding="stochastic")

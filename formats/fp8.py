@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .base import Format, FormatError, FormatSpec, Packed
-from .bitops import INF, as_float32, finite_abs, require_last_axis
+from .bitops import INF, as_float32, div_scalar, finite_abs, require_last_axis
 
 NAN_CODE = 0x7F
 
@@ -37,7 +37,7 @@ class _RowScaledFP8(Format):
         require_last_axis(x, self.name)
         mx = self.spec.max_normal
         a, finite = finite_abs(x)
-        scale = a.amax(dim=-1, keepdim=True) / mx
+        scale = div_scalar(a.amax(dim=-1, keepdim=True), mx)
         y = x / torch.where(scale > 0, scale, 1.0)
         codes = y.clamp_(-mx, mx).to(self.dtype).view(torch.uint8)
         codes = torch.where(finite, codes, NAN_CODE)

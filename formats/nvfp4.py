@@ -38,6 +38,7 @@ from .base import Format, FormatError, FormatSpec, Packed
 from .bitops import (
     as_float32,
     decode_e2m1,
+    div_scalar,
     encode_e2m1,
     finite_abs,
     pack_nibbles,
@@ -68,7 +69,7 @@ class NVFP4(Format):
         if xm.shape[-2] == 0:
             raise FormatError(f"{self.name} needs a non-empty matrix, got shape {shape}")
         a, finite = finite_abs(xm)
-        g = a.amax(dim=(-2, -1), keepdim=True) / (E2M1_MAX * E4M3_MAX)
+        g = div_scalar(a.amax(dim=(-2, -1), keepdim=True), E2M1_MAX * E4M3_MAX)
         nonzero = g > 0  # (..., 1, 1)
 
         blocks = (*xm.shape[:-1], xm.shape[-1] // BLOCK, BLOCK)

@@ -235,3 +235,22 @@ def test_broken_plugin_is_skipped_with_warning(tmp_path, plugin_on_path):
     text = " ".join(str(w.message) for w in rec)
     assert "broken" in text and "fp16" in text
     assert "broken" not in F.names() and F.get("fp16").name == "fp16"
+
+
+@NO_CUDA
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", BUILTINS)
+def test_cuda_matches_cpu_bit_for_bit(name):
+    fmt = F.get(name)
+    x = _x((3, 16, 256), seed=5) * torch.logspace(-30, 30, 16).reshape(1, 16, 1)
+    x[0, 0, 0], x[1, 2, 33], x[2, 5, 100], x[0, 7] = float("nan"), float("inf"), -0.0, 0.0
+    x[1, 9, :40] = 1e-40  # fp32 subnormals
+    cpu = fmt.encode(x, seed=9, step=4)
+    gpu = fmt.encode(x.cuda(), seed=9, step=4)
+    assert torch.equal(gpu.codes.cpu(), cpu.codes)
+    assert cpu.scales.keys() == gpu.scales.keys()
+    for key, s in cpu.scales.items():
+        assert torch.equal(gpu.scales[key].cpu().view(torch.uint8), s.view(torch.uint8))
+    dg, dc = fmt.decode(gpu).cpu(), fmt.decode(cpu)
+    assert torch.equal(torch.isnan(dg), torch.isnan(dc))  # NaN payloads may differ
+    assert torch.equal(dg.nan_to_num(0.0).view(torch.int32), dc.nan_to_num(0.0).view(torch.int32))

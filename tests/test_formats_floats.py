@@ -108,3 +108,16 @@ def test_wider_and_narrower_inputs_cast_to_fp32_first(name, dtype):
     x = x.to(dtype)
     f = get(name)
     assert torch.equal(f.encode(x).codes, f.encode(x.to(torch.float32)).codes)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("name", "code"), [("fp16", 0x7E00), ("bf16", 0x7FC0), ("fp16-sr", 0x7E00), ("bf16-sr", 0x7FC0)]
+)
+def test_nan_is_stored_canonically(name, code, device):
+    nans = torch.tensor(
+        [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FBFFFFF], dtype=torch.int64
+    )
+    x = nans.to(torch.int32).view(torch.float32).to(device)  # quiet, signalling, signed
+    codes = get(name).encode(x, seed=1).codes.cpu()
+    assert (codes == code).all()
