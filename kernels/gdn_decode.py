@@ -8,10 +8,13 @@ dtype (the values the ring stores; the step uses them everywhere),
 ``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``.
 
 Sequences index state slots through ``state_indices`` (a negative index skips the
-sequence).  Per-slot bookkeeping lives in ``meta`` (int32, (slots, 4)): ring count,
-step counter, arrival ticket, spare.  The last program of a slot to finish (an
-atomic ticket) advances its count and step, so a step is one launch, needs no host
-sync and can be captured in a CUDA graph.
+sequence).  Per-slot counters (int32 device tensors, the protocol of
+``tl_common.finish_slot``): ``ring_len`` (committed ring entries), ``steps`` (the
+slot's decode steps, the SR step), ``tickets``.  The last program of a slot to finish
+publishes the new counters, so a step is one launch, needs no host sync and can be
+captured in a CUDA graph.  Stochastic rounding indexes elements row-major over the
+whole (slots, v_heads, V, K) pool (the torch emulation's batch index when slot b
+holds sequence b).
 
 Grid of every kernel: ``(V // BV, batch * v_heads)``; a program owns BV rows of one
 value head's state with the full K in registers, so the flush (S_c k_i, the
@@ -24,32 +27,35 @@ import torch
 import triton
 import triton.language as tl
 
-from .gdn_extra import read_dots, round_to
+from .codec import as_int32
+from .gdn_extra import read_dots
 from .state import StateStore
+from .tl_common import (
+    RING_BF16,
+    RING_FP16,
+    RING_FP32,
+    finish_slot,
+    ring_load,
+    ring_round,
+    ring_store,
+    softplus,
+)
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NONE, load_state, store_state
 
-META_COUNT, META_STEP, META_TICKET = 0, 1, 2
-META_WIDTH = 4
+RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
+_RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
+                 torch.float16: torch.int16}
 
 
 # ---------------------------------------------------------------- device helpers
 @triton.jit
-def _softplus20(x):
-    """torch's softplus(threshold=20): log1p(exp(x)), x above 20 passes through."""
-    e = tl.exp(tl.minimum(x, 20.0))
-    u = 1.0 + e
-    lp = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))  # accurate log1p
-    return tl.where(x > 20.0, x, lp)
-
-
-@triton.jit
 def _gates(a_ptr, b_ptr, A_log, dt_bias, h):
-    """``(g, beta)`` of value head ``h`` (scalars, fp32)."""
+    """``(g, beta)`` of value head ``h`` (fp32 scalars)."""
     a = tl.load(a_ptr).to(tl.float32)
     b = tl.load(b_ptr).to(tl.float32)
     A = tl.load(A_log + h).to(tl.float32)
     dtb = tl.load(dt_bias + h).to(tl.float32)
-    g = -tl.exp(A) * _softplus20(a + dtb)
+    g = -tl.exp(A) * softplus(a + dtb)
     beta = 1.0 / (1.0 + tl.exp(-b))
     return g, beta
 
@@ -61,11 +67,11 @@ def _l2norm(x):
 
 
 @triton.jit
-def _prep_qk(q_ptr, k_ptr, K: tl.constexpr, DT: tl.constexpr):
-    """Normalised q (scaled by K**-0.5) and k rounded to ``DT``, fp32 (K,)."""
+def _prep_qk(q_ptr, k_ptr, K: tl.constexpr, RING: tl.constexpr):
+    """Normalised q (scaled by K**-0.5) and k rounded to the ring dtype, fp32 (K,)."""
     offs_k = tl.arange(0, K)
     q = _l2norm(tl.load(q_ptr + offs_k).to(tl.float32)) * (K**-0.5)
-    k = round_to(_l2norm(tl.load(k_ptr + offs_k).to(tl.float32)), DT)
+    k = ring_round(_l2norm(tl.load(k_ptr + offs_k).to(tl.float32)), RING)
     return q, k
 
 
@@ -78,19 +84,9 @@ def _delta(S, k, v, alpha, beta):
 
 
 @triton.jit
-def _ticket(meta, slot, nprog, new_count, new_step):
-    """The last of the ``nprog`` programs of ``slot`` writes its count and step."""
-    arrived = tl.atomic_add(meta + slot * 4 + 2, 1)
-    if arrived == nprog - 1:
-        tl.store(meta + slot * 4 + 0, new_count)
-        tl.store(meta + slot * 4 + 1, new_step)
-        tl.store(meta + slot * 4 + 2, 0)
-
-
-@triton.jit
 def _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n,
                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               R: tl.constexpr):
+               R: tl.constexpr, RING: tl.constexpr):
     """Re-run the delta rule over ring entries 0..n-1 of (slot, head) on block S."""
     offs_k = tl.arange(0, K)
     rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
@@ -98,8 +94,8 @@ def _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n,
     rs = slot.to(tl.int64) * R * HV + h
     for i in range(0, R):  # constant trip count (the interpreter cannot loop to a loaded n)
         if i < n:
-            ki = tl.load(rk + i * (HK * K) + offs_k).to(tl.float32)
-            vi = tl.load(rv + i * (HV * V) + offs_v).to(tl.float32)
+            ki = ring_load(rk + i * (HK * K) + offs_k, offs_k < K, RING)
+            vi = ring_load(rv + i * (HV * V) + offs_v, offs_v < V, RING)
             gi = tl.load(ring_g + rs + i * HV)
             bi = tl.load(ring_b + rs + i * HV)
             S = _delta(S, ki, vi, tl.exp(gi), bi)
@@ -109,7 +105,7 @@ def _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n,
 @triton.jit
 def _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               R: tl.constexpr, RP: tl.constexpr):
+               R: tl.constexpr, RP: tl.constexpr, RING: tl.constexpr):
     """``(S_{t-1} k, S_{t-1} q)`` for the rows of a block, with S_{t-1} the stored copy
     (whose products with k and q are ``Sk0``, ``Sq0``) decayed over ring entries
     0..n-1 plus their rank-1 terms."""
@@ -119,10 +115,8 @@ def _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
     rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
     rd = ring_d + (slot.to(tl.int64) * R * HV + h) * V
     rs = slot.to(tl.int64) * R * HV + h
-    kr = tl.load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], mask=rmask[:, None],
-                 other=0.0).to(tl.float32)
-    dr = tl.load(rd + offs_r[None, :] * (HV * V) + offs_v[:, None], mask=rmask[None, :],
-                 other=0.0).to(tl.float32)
+    kr = ring_load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], rmask[:, None], RING)
+    dr = ring_load(rd + offs_r[None, :] * (HV * V) + offs_v[:, None], rmask[None, :], RING)
     gr = tl.load(ring_g + rs + offs_r * HV, mask=rmask, other=0.0)
     cum = tl.cumsum(gr, axis=0)
     G = tl.sum(gr, axis=0)
@@ -138,19 +132,18 @@ def _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
 @triton.jit
 def _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, pos, k, v, g, beta,
             HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-            R: tl.constexpr):
+            R: tl.constexpr, RING: tl.constexpr):
     """Write this step's k (one program per k-head), v slice, g and beta at ``pos``."""
     offs_k = tl.arange(0, K)
-    ety = ring_v.dtype.element_ty
+    base = slot.to(tl.int64) * R + pos
     if (h % (HV // HK) == 0) & (pid_v == 0):
-        tl.store(ring_k + ((slot.to(tl.int64) * R + pos) * HK + hk) * K + offs_k, k.to(ety))
-    tl.store(ring_v + ((slot.to(tl.int64) * R + pos) * HV + h) * V + offs_v, v.to(ety))
+        ring_store(ring_k + (base * HK + hk) * K + offs_k, k, offs_k < K, RING)
+    ring_store(ring_v + (base * HV + h) * V + offs_v, v, offs_v < V, RING)
     if pid_v == 0:
-        tl.store(ring_g + (slot.to(tl.int64) * R + pos) * HV + h, g)
-        tl.store(ring_b + (slot.to(tl.int64) * R + pos) * HV + h, beta)
+        tl.store(ring_g + base * HV + h, g)
+        tl.store(ring_b + base * HV + h, beta)
 
 
-# ------------------------------------------------------------------------ kernels
 @triton.jit
 def _load(data, s1, s2, mat, offs_v, V: tl.constexpr, BV: tl.constexpr, K: tl.constexpr,
           FMT: tl.constexpr):
@@ -163,12 +156,13 @@ def _store(S, data, s1, s2, mat, offs_v, seed, step, V: tl.constexpr, BV: tl.con
     store_state(data, s1, s2, S, mat, offs_v, offs_v < V, V, seed, step, FMT, BV, K)
 
 
+# ------------------------------------------------------------------------ kernels
 @triton.jit(do_not_specialize=["seed"])
 def _conventional_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
-    data, s1, s2, meta, seed,
+    data, s1, s2, ring_len, steps, tickets, seed,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    FMT: tl.constexpr, KV_DT: tl.constexpr,
+    FMT: tl.constexpr, RING: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -181,29 +175,31 @@ def _conventional_kernel(
         offs_v = pid_v * BV + tl.arange(0, BV)
         mat = slot.to(tl.int64) * HV + h
         S = _load(data, s1, s2, mat, offs_v, V, BV, K, FMT)
-        q, k = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, KV_DT)
-        v = round_to(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), KV_DT)
+        q, k = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
+        v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
         g, beta = _gates(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
         S = _delta(S, k, v, tl.exp(g), beta)
         o = tl.sum(S * q[None, :], axis=1)
         if SR:
-            step = tl.load(meta + slot * 4 + 1)
+            step = tl.load(steps + slot)
         else:
             step = 0
         _store(S, data, s1, s2, mat, offs_v, seed, step, V, BV, K, FMT)
         tl.store(out + (bidx * HV + h) * V + offs_v, o)
         if SR:
-            _ticket(meta, slot, HV * (V // BV), 0, step + 1)
+            finish_slot(tickets, ring_len, steps, slot, HV * (V // BV), 0, step + 1)
 
 
 @triton.jit
 def _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
                 ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat, offs_v, n, seed, t,
                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BV: tl.constexpr, R: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr):
+                BV: tl.constexpr, R: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
+                RING: tl.constexpr):
     """Fold the ring and this step into the decoded checkpoint block ``S``; write the
     checkpoint (and read copy); return the step's output rows."""
-    S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n, HK, HV, K, V, R)
+    S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n, HK, HV, K, V, R,
+                   RING)
     S = _delta(S, k, v, alpha, beta)
     _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, t, V, BV, K, C_FMT)
     if F_FMT != FMT_NONE:
@@ -215,18 +211,18 @@ def _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
 def _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g,
                  ring_b, slot, h, hk, mat, pid_v, offs_v, n,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, DT: tl.constexpr):
+                 R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr):
     """Output step from the stored copy ``r_*`` and ring entries 0..n-1; appends this
     step at position n; returns the output rows."""
     Sk0, Sq0 = read_dots(r_data, r_s1, r_s2, mat, offs_v, k, q, V, K, FMT)
     Sk, Sq = _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
-                        HK, HV, K, V, R, RP)
+                        HK, HV, K, V, R, RP, RING)
     d = beta * (v - alpha * Sk)
     o = alpha * Sq + d * tl.sum(k * q, axis=0)
     pos = (slot.to(tl.int64) * R + n) * HV + h
-    tl.store(ring_d + pos * V + offs_v, round_to(d, DT).to(ring_d.dtype.element_ty))
+    ring_store(ring_d + pos * V + offs_v, ring_round(d, RING), offs_v < V, RING)
     _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, n, k, v, g, beta,
-            HK, HV, K, V, R)
+            HK, HV, K, V, R, RING)
     return o
 
 
@@ -234,10 +230,10 @@ def _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v, ri
 def _replay_step_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_d, ring_g, ring_b, meta, seed,
+    ring_k, ring_v, ring_d, ring_g, ring_b, ring_len, steps, tickets, seed,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    C_FMT: tl.constexpr, F_FMT: tl.constexpr, MODE: tl.constexpr,
+    C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, MODE: tl.constexpr,
 ):
     """One decode step: an output step from the read copy + ring, or (when the ring
     then holds L entries) a flush.  MODE 0: both branches in one launch.  Split
@@ -249,25 +245,24 @@ def _replay_step_kernel(
     bidx = pid_bh // HV
     h = pid_bh % HV
     hk = h // (HV // HK)
+    nprog = HV * (V // BV)
     slot = tl.load(state_idx + bidx)
-    n = tl.load(meta + tl.maximum(slot, 0) * 4)
+    n = tl.load(ring_len + tl.maximum(slot, 0))
     is_flush = n + 1 >= L
     run = slot >= 0
     if MODE == 1:
-        # split launches: the flush launch ran first and marked its slots with count -1
         flushed = run & (n < 0)
         if flushed:
-            _ticket(meta, slot, HV * (V // BV), 0, tl.load(meta + slot * 4 + 1))
+            finish_slot(tickets, ring_len, steps, slot, nprog, 0, tl.load(steps + slot))
         run = run & (n >= 0)
     if MODE == 2:
         run = run & is_flush
     if run:
-        DT: tl.constexpr = ring_v.dtype.element_ty
-        t = tl.load(meta + slot * 4 + 1)
+        t = tl.load(steps + slot)
         offs_v = pid_v * BV + tl.arange(0, BV)
         mat = slot.to(tl.int64) * HV + h
-        q, k = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, DT)
-        v = round_to(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), DT)
+        q, k = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
+        v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
         g, beta = _gates(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
         alpha = tl.exp(g)
         if F_FMT != FMT_NONE:
@@ -280,39 +275,39 @@ def _replay_step_kernel(
             S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
             o = _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
                             ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat, offs_v, n,
-                            seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT)
+                            seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING)
             new_n = n * 0 - 1  # marker for the output launch that follows
         elif MODE == 1:
             o = _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v,
                              ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
-                             HK, HV, K, V, R, RP, R_FMT, DT)
+                             HK, HV, K, V, R, RP, R_FMT, RING)
             new_n = n + 1
         else:
             if is_flush:
                 S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
                 o = _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1,
                                 f_s2, ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat,
-                                offs_v, n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT)
+                                offs_v, n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING)
                 new_n = n * 0
             else:
                 o = _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v,
                                  ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
-                                 HK, HV, K, V, R, RP, R_FMT, DT)
+                                 HK, HV, K, V, R, RP, R_FMT, RING)
                 new_n = n + 1
         tl.store(out + (bidx * HV + h) * V + offs_v, o)
-        _ticket(meta, slot, HV * (V // BV), new_n, t + 1)
+        finish_slot(tickets, ring_len, steps, slot, nprog, new_n, t + 1)
 
 
 @triton.jit
 def _verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
-    r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g, ring_b, meta,
+    r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g, ring_b, ring_len,
     T: tl.constexpr, TP: tl.constexpr,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
+    R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
 ):
     """Outputs of T draft steps from the read copy + committed ring entries; drafts
-    are written to the ring behind the commit pointer (no count change)."""
+    are written to the ring behind the commit pointer (no counter changes)."""
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
     bidx = pid_bh // HV
@@ -320,9 +315,7 @@ def _verify_kernel(
     hk = h // (HV // HK)
     slot = tl.load(state_idx + bidx)
     if slot >= 0:
-        DT: tl.constexpr = ring_v.dtype.element_ty
-        ety = ring_d.dtype.element_ty
-        n = tl.load(meta + slot * 4)
+        n = tl.load(ring_len + slot)
         offs_v = pid_v * BV + tl.arange(0, BV)
         offs_k = tl.arange(0, K)
         offs_r = tl.arange(0, RP)
@@ -332,10 +325,8 @@ def _verify_kernel(
         rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
         rd = ring_d + (slot.to(tl.int64) * R * HV + h) * V
         rs = slot.to(tl.int64) * R * HV + h
-        kr = tl.load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], mask=rmask[:, None],
-                     other=0.0).to(tl.float32)
-        dr = tl.load(rd + offs_r[None, :] * (HV * V) + offs_v[:, None], mask=rmask[None, :],
-                     other=0.0).to(tl.float32)
+        kr = ring_load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], rmask[:, None], RING)
+        dr = ring_load(rd + offs_r[None, :] * (HV * V) + offs_v[:, None], rmask[None, :], RING)
         gr = tl.load(ring_g + rs + offs_r * HV, mask=rmask, other=0.0)
         cum = tl.cumsum(gr, axis=0)
         G = tl.sum(gr, axis=0)
@@ -344,8 +335,8 @@ def _verify_kernel(
         cumd = tl.zeros((TP,), dtype=tl.float32)
         for j in tl.static_range(T):
             bj = bidx * T + j
-            q, k = _prep_qk(q_ptr + (bj * HK + hk) * K, k_ptr + (bj * HK + hk) * K, K, DT)
-            v = round_to(tl.load(v_ptr + (bj * HV + h) * V + offs_v).to(tl.float32), DT)
+            q, k = _prep_qk(q_ptr + (bj * HK + hk) * K, k_ptr + (bj * HK + hk) * K, K, RING)
+            v = ring_round(tl.load(v_ptr + (bj * HV + h) * V + offs_v).to(tl.float32), RING)
             g, beta = _gates(a_ptr + bj * HV + h, b_ptr + bj * HV + h, A_log, dt_bias, h)
             alpha = tl.exp(g)
             w = tl.where(rmask, tl.exp(G - cum), 0.0)
@@ -362,12 +353,13 @@ def _verify_kernel(
                 Sq += tl.sum(Dd * wdq[None, :], axis=1)
             d = beta * (v - alpha * Sk)
             o = alpha * Sq + d * tl.sum(k * q, axis=0)
-            dq = round_to(d, DT)
+            dq = ring_round(d, RING)
             tl.store(out + (bj * HV + h) * V + offs_v, o)
             pos = n + j
-            tl.store(ring_d + ((slot.to(tl.int64) * R + pos) * HV + h) * V + offs_v, dq.to(ety))
+            ring_store(ring_d + ((slot.to(tl.int64) * R + pos) * HV + h) * V + offs_v, dq,
+                       offs_v < V, RING)
             _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, pos, k, v, g,
-                    beta, HK, HV, K, V, R)
+                    beta, HK, HV, K, V, R, RING)
             Dd = tl.where(offs_t[None, :] == j, dq[:, None], Dd)
             Kd = tl.where(offs_t[:, None] == j, k[None, :], Kd)
             G = G + g
@@ -377,9 +369,10 @@ def _verify_kernel(
 @triton.jit(do_not_specialize=["seed"])
 def _commit_kernel(
     accepted, state_idx, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_g, ring_b, meta, seed,
+    ring_k, ring_v, ring_g, ring_b, ring_len, steps, tickets, seed,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     L: tl.constexpr, R: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
+    RING: tl.constexpr,
 ):
     """Advance the commit pointer by the accepted drafts; fold the ring into the
     checkpoint (and read copy) once it holds L or more committed entries."""
@@ -391,8 +384,8 @@ def _commit_kernel(
     slot = tl.load(state_idx + bidx)
     if slot >= 0:
         n_acc = tl.load(accepted + bidx)
-        n = tl.load(meta + slot * 4)
-        t = tl.load(meta + slot * 4 + 1)
+        n = tl.load(ring_len + slot)
+        t = tl.load(steps + slot)
         m = n + n_acc
         new_n = m
         if m >= L:
@@ -400,13 +393,13 @@ def _commit_kernel(
             mat = slot.to(tl.int64) * HV + h
             S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
             S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, m,
-                           HK, HV, K, V, R)
+                           HK, HV, K, V, R, RING)
             ts = t + n_acc - 1
             _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, ts, V, BV, K, C_FMT)
             if F_FMT != FMT_NONE:
                 _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, ts, V, BV, K, F_FMT)
             new_n = m * 0
-        _ticket(meta, slot, HV * (V // BV), new_n, t + n_acc)
+        finish_slot(tickets, ring_len, steps, slot, HV * (V // BV), new_n, t + n_acc)
 
 
 # ------------------------------------------------------------------------- host
@@ -416,20 +409,10 @@ def _pow2_at_least(n: int, lo: int = 2) -> int:
 
 def _check_shapes(q: torch.Tensor, v: torch.Tensor, K: int, V: int) -> None:
     for name, dim in (("K", K), ("V", V)):
-        if dim & (dim - 1):
-            raise ValueError(f"{name} must be a power of two, got {dim}")
+        if dim & (dim - 1) or dim < 16:
+            raise ValueError(f"{name} must be a power of two >= 16, got {dim}")
     if q.shape[-1] != K or v.shape[-1] != V:
         raise ValueError(f"q/k last axis must be K={K} and v's V={V}")
-
-
-def _i32(v: int) -> int:
-    """A uint32 value as the int32 with the same bits (kernel scalar arguments)."""
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v >= 1 << 31 else v
-
-
-def _tl_dtype(dt: torch.dtype):
-    return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]
 
 
 def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool = False,
@@ -447,11 +430,6 @@ def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool 
         bv = min(V, 16)
     nw = max(1, min(16, bv * K // 1024))
     return bv, triton.next_power_of_2(nw)
-
-
-def new_meta(slots: int, device) -> torch.Tensor:
-    """Per-slot bookkeeping, int32 (slots, 4): ring count, step, ticket, spare."""
-    return torch.zeros((slots, META_WIDTH), dtype=torch.int32, device=device)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -473,37 +451,56 @@ def store_into(dst: StateStore, S: torch.Tensor, *, seed: int, step: int,
             mine[slots] = theirs.reshape(mine[slots].shape)
 
 
+class SlotCounters:
+    """Per-slot int32 counters of the kernels: ``ring_len``, ``steps``, ``tickets``."""
+
+    def __init__(self, slots: int, device):
+        self.ring_len = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.steps = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.tickets = torch.zeros(slots, dtype=torch.int32, device=device)
+
+    def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.ring_len, self.steps, self.tickets
+
+    def reset(self, slots: torch.Tensor | None = None) -> None:
+        for t in self.args():
+            if slots is None:
+                t.zero_()
+            else:
+                t[slots] = 0
+
+
 def conventional_step(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, state: StateStore,
     state_indices: torch.Tensor, *, out: torch.Tensor | None = None,
-    meta: torch.Tensor | None = None, seed: int = 0, kv_dtype: torch.dtype = torch.float32,
-    block_v: int | None = None, num_warps: int | None = None,
+    counters: SlotCounters | None = None, seed: int = 0,
+    kv_dtype: torch.dtype = torch.float32, block_v: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Conventional GDN decode step in place on ``state`` (fp32, bf16, fp16, -sr, or
-    fp8-e4m3 / mxfp4 with per-row or per-block scales).
+    """Conventional GDN decode step in place on ``state`` (any kernel format; the
+    state is decoded, updated in fp32 and re-encoded).
 
     ``q``, ``k``: (B, HK, K); ``v``: (B, HV, V); ``a``, ``b``: (B, HV); ``state_indices``:
     (B,) int32 slots.  ``kv_dtype`` rounds normalised k and v first (the ring dtype of a
     replay design; fp32 = no rounding).  Stochastic rounding (bf16-sr, fp16-sr) needs
-    ``meta`` (its step counter keys the random bits, seed = ``seed``).  Returns the
-    fp32 output (B, HV, V).
+    ``counters`` (the slot's step counter keys the random bits with ``seed``).
+    Returns the fp32 output (B, HV, V).
     """
     B, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     _check_shapes(q, v, K, V)
-    sr = state.fmt_id in (FMT_BF16_SR, FMT_FP16_SR)
-    if sr and meta is None:
-        raise ValueError("stochastic rounding needs the per-slot step counters (meta)")
+    if state.fmt_id in (FMT_BF16_SR, FMT_FP16_SR) and counters is None:
+        raise ValueError("stochastic rounding needs the per-slot step counters")
     bv, nw = default_config(B, HV, V, K, state.fmt == "nvfp4", kernel="conventional")
     bv, nw = block_v or bv, num_warps or nw
     if out is None:
         out = torch.empty((B, HV, V), dtype=torch.float32, device=q.device)
-    meta_ = meta if meta is not None else state_indices
+    cargs = counters.args() if counters is not None else (state_indices,) * 3
     _conventional_kernel[(V // bv, B * HV)](
         q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
-        A_log, dt_bias, state_indices, out, *state.kernel_args(), meta_, _i32(seed),
-        HK, HV, K, V, bv, state.fmt_id, _tl_dtype(kv_dtype), num_warps=nw,
+        A_log, dt_bias, state_indices, out, *state.kernel_args(), *cargs, as_int32(seed),
+        HK, HV, K, V, bv, state.fmt_id, RING_IDS[kv_dtype], num_warps=nw,
     )
     return out
 
@@ -530,10 +527,13 @@ class GDNReplayCache:
             raise ValueError(f"window must be >= 1, got {window}")
         if launch not in ("fused", "split"):
             raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
+        if v_heads % k_heads:
+            raise ValueError(f"v_heads ({v_heads}) must be a multiple of k_heads ({k_heads})")
         self.slots, self.HK, self.HV, self.K, self.V = slots, k_heads, v_heads, K, V
         self.L, self.T, self.seed, self.launch = window, drafts, seed, launch
         self.R = window + max(drafts - 1, 0)
         self.RP = _pow2_at_least(self.R)
+        self.ring_dtype, self.ring_id = ring_dtype, RING_IDS[ring_dtype]
         shape = (slots, v_heads, V, K)
         self.ckpt = empty_store(checkpoint, shape, device)
         self.read = empty_store(read, shape, device) if read is not None else None
@@ -542,42 +542,45 @@ class GDNReplayCache:
         self.BV, self.num_warps = block_v or bv, num_warps or nw
         if whole and self.BV != V:
             raise ValueError("an nvfp4 copy needs block_v == V")
-        R = self.R
-        self.ring_k = torch.zeros((slots, R, k_heads, K), dtype=ring_dtype, device=device)
-        self.ring_v = torch.zeros((slots, R, v_heads, V), dtype=ring_dtype, device=device)
-        self.ring_d = torch.zeros((slots, R, v_heads, V), dtype=ring_dtype, device=device)
+        R, rdt = self.R, _RING_STORAGE[ring_dtype]
+        self.ring_k = torch.zeros((slots, R, k_heads, K), dtype=rdt, device=device)
+        self.ring_v = torch.zeros((slots, R, v_heads, V), dtype=rdt, device=device)
+        self.ring_d = torch.zeros((slots, R, v_heads, V), dtype=rdt, device=device)
         self.ring_g = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
         self.ring_beta = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
-        self.meta = new_meta(slots, device)
-
-    # -- bookkeeping -------------------------------------------------------
-    @property
-    def ring_count(self) -> torch.Tensor:
-        return self.meta[:, META_COUNT]
+        self.counters = SlotCounters(slots, device)
 
     @property
-    def step_count(self) -> torch.Tensor:
-        return self.meta[:, META_STEP]
+    def ring_len(self) -> torch.Tensor:
+        return self.counters.ring_len
+
+    @property
+    def steps(self) -> torch.Tensor:
+        return self.counters.steps
+
+    def ring(self, name: str) -> torch.Tensor:
+        """A ring field as float values (k, v, d in the ring dtype; g, beta fp32)."""
+        t = getattr(self, f"ring_{name}")
+        return t.view(self.ring_dtype) if t.dtype == torch.int16 else t
 
     def reset(self, S0: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
         """Load a float state (zeros if None) into checkpoint and read copy (encoded by
-        the torch formats, SR step 0) and clear the bookkeeping of ``slots`` (all if None)."""
+        the torch formats, SR step 0) and clear the counters of ``slots`` (all if None)."""
+        device = self.ring_g.device
         if S0 is None:
             n = self.slots if slots is None else len(slots)
-            S0 = torch.zeros((n, self.HV, self.V, self.K), device=self.meta.device)
+            S0 = torch.zeros((n, self.HV, self.V, self.K), device=device)
+        S0 = S0.to(device=device, dtype=torch.float32)
         store_into(self.ckpt, S0, seed=self.seed, step=0, slots=slots)
         if self.read is not None:
             store_into(self.read, S0, seed=self.seed + 1, step=0, slots=slots)
-        if slots is None:
-            self.meta.zero_()
-        else:
-            self.meta[slots] = 0
+        self.counters.reset(slots)
 
     def _copies(self):
         c, f = self.ckpt, self.read
         fargs = f.kernel_args() if f is not None else c.kernel_args()
         f_id = f.fmt_id if f is not None else FMT_NONE
-        return c, f, fargs, f_id
+        return c, fargs, f_id
 
     # -- steps -------------------------------------------------------------
     def step(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
@@ -586,18 +589,17 @@ class GDNReplayCache:
         _check_shapes(q, v, self.K, self.V)
         if out is None:
             out = torch.empty((B, self.HV, self.V), dtype=torch.float32, device=q.device)
-        c, f, fargs, f_id = self._copies()
+        c, fargs, f_id = self._copies()
         args = (q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
                 A_log, dt_bias, state_indices, out, *c.kernel_args(), *fargs,
                 self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
-                self.meta, _i32(self.seed))
+                *self.counters.args(), as_int32(self.seed))
         grid = (self.V // self.BV, B * self.HV)
         consts = (self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R, self.RP,
-                  c.fmt_id, f_id)
+                  c.fmt_id, f_id, self.ring_id)
         if self.launch == "fused":
             _replay_step_kernel[grid](*args, *consts, 0, num_warps=self.num_warps)
         else:
-            # flush launch first: it skips (and leaves alone) the counts of other slots
             _replay_step_kernel[grid](*args, *consts, 2, num_warps=self.num_warps)
             _replay_step_kernel[grid](*args, *consts, 1, num_warps=self.num_warps)
         return out
@@ -611,27 +613,27 @@ class GDNReplayCache:
         _check_shapes(q, v, self.K, self.V)
         if out is None:
             out = torch.empty((B, T, self.HV, self.V), dtype=torch.float32, device=q.device)
-        c, f, fargs, f_id = self._copies()
-        r = f if f is not None else c
+        r = self.read if self.read is not None else self.ckpt
         _verify_kernel[(self.V // self.BV, B * self.HV)](
             q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
             A_log, dt_bias, state_indices, out, *r.kernel_args(),
-            self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.meta,
-            T, _pow2_at_least(T), self.HK, self.HV, self.K, self.V, self.BV, self.R, self.RP,
-            r.fmt_id, num_warps=self.num_warps,
+            self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
+            self.counters.ring_len, T, _pow2_at_least(T), self.HK, self.HV, self.K, self.V,
+            self.BV, self.R, self.RP, r.fmt_id, self.ring_id, num_warps=self.num_warps,
         )
         return out
 
     def commit(self, accepted: torch.Tensor, state_indices: torch.Tensor) -> None:
         """Advance each sequence's commit pointer by ``accepted`` (B,) int32 drafts;
-        slots holding L or more committed entries are flushed."""
+        slots holding L or more committed entries are flushed (SR step = the slot's
+        step counter of its last committed draft)."""
         B = accepted.shape[0]
-        c, f, fargs, f_id = self._copies()
+        c, fargs, f_id = self._copies()
         _commit_kernel[(self.V // self.BV, B * self.HV)](
             accepted, state_indices, *c.kernel_args(), *fargs,
-            self.ring_k, self.ring_v, self.ring_g, self.ring_beta, self.meta, _i32(self.seed),
-            self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R, c.fmt_id, f_id,
-            num_warps=self.num_warps,
+            self.ring_k, self.ring_v, self.ring_g, self.ring_beta, *self.counters.args(),
+            as_int32(self.seed), self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R,
+            c.fmt_id, f_id, self.ring_id, num_warps=self.num_warps,
         )
 
     def nbytes(self) -> dict[str, int]:
