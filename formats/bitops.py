@@ -1,9 +1,10 @@
-"""Shared bit-level helpers: float32 bit views, exact powers of two, and
-round-to-nearest-even into narrow float formats that torch has no dtype for.
+"""Shared bit-level helpers: input checks, float32 bit views, exact powers of
+two, round-to-nearest-even into narrow float formats that torch has no dtype for
+(E2M1; a generic minifloat rounder used as a cross-check), nibble packing.
 
-Everything here is elementwise torch arithmetic (CPU or CUDA, no host sync) and
-exact: rounding happens once, in ``torch.round`` (ties to even) on a value
-scaled by an exact power of two, never in an intermediate float operation.
+Everything is elementwise torch arithmetic on CPU or CUDA with no host sync, and
+exact: the generic rounder rounds once, in ``torch.round`` (ties to even) on a
+value scaled by an exact power of two; the E2M1 fast path counts midpoints.
 """
 
 from __future__ import annotations
