@@ -192,15 +192,19 @@ def _conventional_kernel(
 
 @triton.jit
 def _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-                ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat, offs_v, n, seed, t,
+                ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat, offs_v, n, seed, t,
                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BV: tl.constexpr, R: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
-                RING: tl.constexpr):
+                RING: tl.constexpr, FRESH: tl.constexpr):
     """Fold the ring and this step into the decoded checkpoint block ``S``; write the
-    checkpoint (and read copy); return the step's output rows."""
+    checkpoint (and read copy, and the fp32 state to ``fresh`` if FRESH); return the
+    step's output rows."""
     S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n, HK, HV, K, V, R,
                    RING)
     S = _delta(S, k, v, alpha, beta)
+    if FRESH:
+        offs_k = tl.arange(0, K)
+        tl.store(fresh + (mat * V + offs_v)[:, None] * K + offs_k[None, :], S)
     _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, t, V, BV, K, C_FMT)
     if F_FMT != FMT_NONE:
         _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, t, V, BV, K, F_FMT)
@@ -230,10 +234,11 @@ def _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v, ri
 def _replay_step_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_d, ring_g, ring_b, ring_len, steps, tickets, seed,
+    ring_k, ring_v, ring_d, ring_g, ring_b, ring_len, steps, tickets, fresh, seed,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, MODE: tl.constexpr,
+    FRESH: tl.constexpr,
 ):
     """One decode step: an output step from the read copy + ring, or (when the ring
     then holds L entries) a flush.  MODE 0: both branches in one launch.  Split
@@ -274,8 +279,8 @@ def _replay_step_kernel(
         if MODE == 2:
             S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
             o = _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-                            ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat, offs_v, n,
-                            seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING)
+                            ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat, offs_v,
+                            n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING, FRESH)
             new_n = n * 0 - 1  # marker for the output launch that follows
         elif MODE == 1:
             o = _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v,
@@ -286,8 +291,9 @@ def _replay_step_kernel(
             if is_flush:
                 S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
                 o = _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1,
-                                f_s2, ring_k, ring_v, ring_g, ring_b, slot, h, hk, mat,
-                                offs_v, n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING)
+                                f_s2, ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat,
+                                offs_v, n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING,
+                                FRESH)
                 new_n = n * 0
             else:
                 o = _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v,
@@ -522,6 +528,7 @@ class GDNReplayCache:
         ring_dtype: torch.dtype = torch.bfloat16, drafts: int = 0, seed: int = 0,
         device: torch.device | str = "cuda", batch_hint: int | None = None,
         block_v: int | None = None, num_warps: int | None = None, launch: str = "fused",
+        keep_fresh: bool = False,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -549,6 +556,9 @@ class GDNReplayCache:
         self.ring_g = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
         self.ring_beta = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
         self.counters = SlotCounters(slots, device)
+        self.fresh = (torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh
+                      else None)
+        """fp32 state of each slot's last flush (``keep_fresh=True``), for inspection."""
 
     @property
     def ring_len(self) -> torch.Tensor:
@@ -593,15 +603,17 @@ class GDNReplayCache:
         args = (q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
                 A_log, dt_bias, state_indices, out, *c.kernel_args(), *fargs,
                 self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
-                *self.counters.args(), as_int32(self.seed))
+                *self.counters.args(),
+                self.fresh if self.fresh is not None else self.ring_g, as_int32(self.seed))
         grid = (self.V // self.BV, B * self.HV)
         consts = (self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R, self.RP,
                   c.fmt_id, f_id, self.ring_id)
+        fresh = self.fresh is not None
         if self.launch == "fused":
-            _replay_step_kernel[grid](*args, *consts, 0, num_warps=self.num_warps)
+            _replay_step_kernel[grid](*args, *consts, 0, fresh, num_warps=self.num_warps)
         else:
-            _replay_step_kernel[grid](*args, *consts, 2, num_warps=self.num_warps)
-            _replay_step_kernel[grid](*args, *consts, 1, num_warps=self.num_warps)
+            _replay_step_kernel[grid](*args, *consts, 2, fresh, num_warps=self.num_warps)
+            _replay_step_kernel[grid](*args, *consts, 1, fresh, num_warps=self.num_warps)
         return out
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
