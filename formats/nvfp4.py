@@ -78,15 +78,14 @@ class NVFP4(Format):
         s8 = s.clamp(2.0**-9, E4M3_MAX).to(torch.float8_e4m3fn)
         y = xm.reshape(blocks) / (s8.to(torch.float32) * g).unsqueeze(-1)
 
-        ok = finite.reshape(blocks).all(dim=-1) & nonzero
-        codes = encode_e2m1(y, negative_zero=False)
-        codes = torch.where(ok.unsqueeze(-1), codes, 0).to(torch.uint8)
-        scodes = s8.view(torch.uint8)
-        scodes = torch.where(finite.reshape(blocks).all(dim=-1), scodes, E4M3_NAN)
+        block_finite = finite.reshape(blocks).all(dim=-1)
+        ok = block_finite & nonzero
+        codes = torch.where(ok.unsqueeze(-1), encode_e2m1(y, negative_zero=False), 0)
+        scodes = torch.where(block_finite, s8.view(torch.uint8), E4M3_NAN)
         codes = pack_nibbles(codes.reshape(xm.shape))
         if x.dim() == 1:
             codes, scodes, g = codes[0], scodes[0], g.reshape(1)
-        return Packed(self.name, codes, shape, {"block": scodes.to(torch.uint8), "matrix": g})
+        return Packed(self.name, codes, shape, {"block": scodes, "matrix": g})
 
     def decode(self, packed: Packed) -> torch.Tensor:
         if packed.format != self.name:
