@@ -109,7 +109,7 @@ def run(
     params64 = kind.params({k: v.double() for k, v in raw_params.items()})
     batch = trace.batch
     state0 = trace.state0.to(dev) if trace.state0 is not None else None
-    S_ref = (state0.double() if state0 is not None
+    S_ref = (state0.double().clone() if state0 is not None
              else torch.zeros(kind.state_shape(batch), dtype=torch.float64, device=dev))
     runners = [
         make_runner(d, kind, params32, batch, dev, rdt, seed, state0, be) for d in designs
@@ -118,7 +118,7 @@ def run(
     for t, raw in enumerate(trace):
         raw = {k: v.to(dev) for k, v in raw.items()}
         inp = kind.prepare(raw, params32, rdt)
-        S_ref, y_ref = kind.conventional_step(S_ref, inp.to(torch.float64), params64)
+        y_ref = kind.reference_step_(S_ref, inp.to(torch.float64), params64)
         rel, amax, srel = [], [], []
         for r in runners:
             y, S_new = r.step(inp, t, raw)

@@ -93,6 +93,10 @@ class LayerKind:
     def conventional_step(self, S: torch.Tensor, inp: Any, params: Any):
         raise NotImplementedError
 
+    def reference_step_(self, S: torch.Tensor, inp: Any, params: Any) -> torch.Tensor:
+        """Conventional step updating ``S`` in place; returns the output."""
+        raise NotImplementedError
+
     def read_output(self, S: torch.Tensor, inp: Any, params: Any) -> torch.Tensor:
         raise NotImplementedError
 
@@ -162,6 +166,9 @@ class Mamba2Kind(LayerKind):
     def conventional_step(self, S, inp, params):
         return mamba2.conventional_step(S, inp, params)
 
+    def reference_step_(self, S, inp, params):
+        return mamba2.read_output(mamba2.update_state_(S, inp, params), inp, params)
+
     def read_output(self, S, inp, params):
         return mamba2.read_output(S, inp, params)
 
@@ -216,6 +223,9 @@ class GDNKind(LayerKind):
 
     def conventional_step(self, S, inp, params):
         return gdn.conventional_step(S, inp, params)
+
+    def reference_step_(self, S, inp, params):
+        return gdn.read_output(gdn.update_state_(S, inp, params), inp)
 
     def read_output(self, S, inp, params):
         return gdn.read_output(S, inp)

@@ -73,16 +73,23 @@ def to_value_heads(t: torch.Tensor, v_heads: int, head_dim: int = 1) -> torch.Te
     return t.repeat_interleave(v_heads // t.shape[head_dim], dim=head_dim)
 
 
-def conventional_step(
-    S: torch.Tensor, inp: GDNInputs, p: GDNParams
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read the state, apply the gated delta rule, return ``(new_state, o)``."""
+def update_state_(S: torch.Tensor, inp: GDNInputs, p: GDNParams) -> torch.Tensor:
+    """In place: ``S <- alpha S + d k^T`` with ``d = beta (v - alpha S k)``; returns ``S``."""
     hv = S.shape[1]
-    k = to_value_heads(inp.k, hv)
+    k = to_value_heads(inp.k, hv).to(S.dtype)
     alpha = torch.exp(inp.g)
     Sk = torch.einsum("bhvk,bhk->bhv", S, k)
     d = inp.beta[..., None] * (inp.v - alpha[..., None] * Sk)
-    S_new = alpha[..., None, None] * S + d[..., None] * k[:, :, None, :]
+    S.mul_(alpha[..., None, None]).addcmul_(d[..., None], k[:, :, None, :])
+    return S
+
+
+def conventional_step(
+    S: torch.Tensor, inp: GDNInputs, p: GDNParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read the state, apply the gated delta rule, return ``(new_state, o)`` (``S`` is
+    not modified)."""
+    S_new = update_state_(S.clone(), inp, p)
     return S_new, read_output(S_new, inp)
 
 

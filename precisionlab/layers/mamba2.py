@@ -71,20 +71,36 @@ def _finish_output(y: torch.Tensor, inp: Mamba2Inputs, p: Mamba2Params) -> torch
     return y
 
 
+def state_times(S: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    """``S C`` per head, with ``C`` given per group (no per-head copy of C)."""
+    b, h, P, N = S.shape
+    g = C.shape[1]
+    out = torch.einsum("bgjpn,bgn->bgjp", S.view(b, g, h // g, P, N), C.to(S.dtype))
+    return out.reshape(b, h, P)
+
+
 def read_output(S: torch.Tensor, inp: Mamba2Inputs, p: Mamba2Params) -> torch.Tensor:
     """``y = S C + D x`` (times ``silu(z)``) from an already-updated state."""
-    C = heads_of_groups(inp.C, S.shape[1])
-    return _finish_output(torch.einsum("bhpn,bhn->bhp", S, C), inp, p)
+    return _finish_output(state_times(S, inp.C), inp, p)
+
+
+def update_state_(S: torch.Tensor, inp: Mamba2Inputs, p: Mamba2Params) -> torch.Tensor:
+    """In place: ``S <- exp(dt A) S + dt x B^T`` (one pass over S); returns ``S``."""
+    b, h, P, N = S.shape
+    g = inp.B.shape[1]
+    a = torch.exp(inp.dt * p.A)
+    Sg = S.view(b, g, h // g, P, N)
+    Sg.mul_(a.view(b, g, h // g, 1, 1))
+    dtx = (inp.dt[..., None] * inp.x).view(b, g, h // g, P, 1)
+    Sg.addcmul_(dtx, inp.B.to(S.dtype).view(b, g, 1, 1, N))
+    return S
 
 
 def conventional_step(
     S: torch.Tensor, inp: Mamba2Inputs, p: Mamba2Params
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read the state, update it, return ``(new_state, y)``."""
-    heads = S.shape[1]
-    a = torch.exp(inp.dt * p.A)
-    B = heads_of_groups(inp.B, heads)
-    S_new = a[..., None, None] * S + (inp.dt[..., None] * inp.x)[..., None] * B[:, :, None, :]
+    """Read the state, update it, return ``(new_state, y)`` (``S`` is not modified)."""
+    S_new = update_state_(S.clone(), inp, p)
     return S_new, read_output(S_new, inp, p)
 
 
@@ -117,8 +133,7 @@ def replay_output(
     heads = S_c.shape[1]
     dt = _masked_dt(ring_dt.to(S_c.dtype), valid)
     cum, last = _window_decay(dt, p.A)
-    C = heads_of_groups(inp.C, heads)
-    y = torch.exp(last)[..., None] * torch.einsum("bhpn,bhn->bhp", S_c, C)
+    y = torch.exp(last)[..., None] * state_times(S_c, inp.C)
     BC = heads_of_groups(torch.einsum("blgn,bgn->blg", ring_B.to(S_c.dtype), inp.C), heads, 2)
     w = dt * torch.exp(last[:, None] - cum) * BC
     y = y + torch.einsum("blh,blhp->bhp", w, ring_x.to(S_c.dtype))
