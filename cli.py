@@ -365,6 +365,92 @@ def formats(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     out.print(table)
 
 
+class BenchWhat(str, Enum):
+    engine = "engine"
+    mamba2 = "mamba2"
+    gdn = "gdn"
+
+
+@app.command()
+def bench(
+    what: Annotated[BenchWhat, typer.Option(
+        help="engine: emulation steps/s (CPU or GPU); mamba2 / gdn: Triton kernels vs peers "
+             "(needs CUDA).")] = BenchWhat.engine,
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", "-m", help="Preset (repeatable). Default depends on --what.")] = None,
+    batch: Annotated[list[int] | None, typer.Option(help="Batch sizes (repeatable).")] = None,
+    window: WindowOpt = None,
+    steps: Annotated[int, typer.Option(help="Engine steps to time.")] = 64,
+    device: Device = Device.auto,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the results (.nc, .zarr or .json).")] = None,
+) -> None:
+    """Benchmarks: the emulation engine, or the fused kernels on an NVIDIA GPU."""
+
+    def run():
+        if what is BenchWhat.engine:
+            from precisionlab.studies.bench_engine import bench_engine
+
+            ds = bench_engine((model or ["nemotron-3-nano-4b"])[0], (batch or [8])[0], steps,
+                              device=device.value)
+        else:
+            ds = _bench_kernels(what.value, model, batch, window)
+        _print_bench(ds)
+        if out_path is not None:
+            _write_bench(ds, out_path)
+
+    guarded(run)
+
+
+def _bench_kernels(kind: str, models, batches, windows):
+    import torch
+
+    if not torch.cuda.is_available():
+        fail(f"the {kind} kernel benchmark needs a CUDA GPU (try --what engine on a CPU)")
+    kwargs = {k: v for k, v in (("models", models), ("batches", batches), ("windows", windows))
+              if v}
+    if kind == "mamba2":
+        from precisionlab.studies.bench_mamba2 import bench_mamba2
+
+        return bench_mamba2(**kwargs)
+    from precisionlab.studies.bench_gdn import bench_gdn
+
+    return bench_gdn(**kwargs)
+
+
+def _print_bench(ds) -> None:
+    if not ds.dims:  # scalar results (engine)
+        for name, var in ds.data_vars.items():
+            out.print(f"{name}: {float(var):.4g}")
+        for key in ("model", "batch", "designs", "device"):
+            if key in ds.attrs:
+                out.print(f"{key}: {ds.attrs[key]}", highlight=False)
+        return
+    out.print(ds.to_dataframe().dropna(how="all").to_string())
+
+
+def _write_bench(ds, path: Path) -> None:
+    from precisionlab.export import save_result
+
+    if path.suffix == ".json":
+        import os
+        import tempfile
+
+        doc = {"attrs": {k: str(v) for k, v in ds.attrs.items()},
+               "data": json.loads(ds.to_dataframe().reset_index().to_json(orient="records"))
+               if ds.dims else {k: float(v) for k, v in ds.data_vars.items()}}
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            fail(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, indent=2)
+        os.replace(tmp, path)
+    else:
+        save_result(ds, path)
+    out.print(f"wrote {path}")
+
+
 @trace_app.command("save")
 def trace_save(
     out_path: Annotated[Path, typer.Option("--out", "-o", help="A .safetensors file.")],
