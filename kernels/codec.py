@@ -12,10 +12,10 @@ import triton
 import triton.language as tl
 
 from .state import StateStore
-from .tl_formats import FMT_NVFP4, format_id, load_state, store_state
+from .tl_formats import FMT_NVFP4, format_id, load_state, matrix_amax, store_state
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "step"])
 def _encode_kernel(x_ptr, c_ptr, s1_ptr, s2_ptr, P, seed, step,
                    FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
     mat = tl.program_id(1).to(tl.int64)
@@ -24,7 +24,8 @@ def _encode_kernel(x_ptr, c_ptr, s1_ptr, s2_ptr, P, seed, step,
     row = mat * P + offs_p
     S = tl.load(x_ptr + row[:, None] * N + tl.arange(0, N)[None, :], mask=mask_p[:, None],
                 other=0.0)
-    store_state(c_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step, FMT, BLOCK_P, N)
+    store_state(c_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step, matrix_amax(S),
+                FMT, BLOCK_P, N)
 
 
 @triton.jit

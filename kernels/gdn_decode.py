@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .codec import as_int32
-from .gdn_extra import read_dots
+from .gdn_extra import qk_at, read_dots
 from .state import StateStore
 from .tl_common import (
     RING_BF16,
@@ -40,7 +40,18 @@ from .tl_common import (
     ring_store,
     softplus,
 )
-from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NONE, load_state, store_state
+from .tl_formats import (
+    FMT_BF16_SR,
+    FMT_FP16_SR,
+    FMT_NONE,
+    K_BF16_SR,
+    K_FP16_SR,
+    K_NONE,
+    K_NVFP4,
+    load_state,
+    matrix_amax,
+    store_state,
+)
 
 RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
@@ -61,18 +72,23 @@ def _gates(a_ptr, b_ptr, A_log, dt_bias, h):
 
 
 @triton.jit
-def _l2norm(x):
-    n = tl.sqrt_rn(tl.sum(x * x, axis=0))
-    return tl.math.div_rn(x, tl.broadcast_to(tl.maximum(n, 1e-6), x.shape))
+def _norms(q_ptr, k_ptr, K: tl.constexpr):
+    """L2 norms of the raw q and k rows, clamped at 1e-6 (``F.normalize``)."""
+    offs_k = tl.arange(0, K)
+    q = tl.load(q_ptr + offs_k).to(tl.float32)
+    k = tl.load(k_ptr + offs_k).to(tl.float32)
+    qn = tl.maximum(tl.sqrt_rn(tl.sum(q * q, axis=0)), 1e-6)
+    kn = tl.maximum(tl.sqrt_rn(tl.sum(k * k, axis=0)), 1e-6)
+    return qn, kn
 
 
 @triton.jit
 def _prep_qk(q_ptr, k_ptr, K: tl.constexpr, RING: tl.constexpr):
-    """Normalised q (scaled by K**-0.5) and k rounded to the ring dtype, fp32 (K,)."""
-    offs_k = tl.arange(0, K)
-    q = _l2norm(tl.load(q_ptr + offs_k).to(tl.float32)) * (K**-0.5)
-    k = ring_round(_l2norm(tl.load(k_ptr + offs_k).to(tl.float32)), RING)
-    return q, k
+    """Normalised q (scaled by K**-0.5), k rounded to the ring dtype (fp32 (K,) each),
+    and the two clamped norms."""
+    qn, kn = _norms(q_ptr, k_ptr, K)
+    q, k = qk_at(q_ptr, k_ptr, tl.arange(0, K), qn, kn, K, RING)
+    return q, k, qn, kn
 
 
 @triton.jit
@@ -153,7 +169,11 @@ def _load(data, s1, s2, mat, offs_v, V: tl.constexpr, BV: tl.constexpr, K: tl.co
 @triton.jit
 def _store(S, data, s1, s2, mat, offs_v, seed, step, V: tl.constexpr, BV: tl.constexpr,
            K: tl.constexpr, FMT: tl.constexpr):
-    store_state(data, s1, s2, S, mat, offs_v, offs_v < V, V, seed, step, FMT, BV, K)
+    if FMT == K_NVFP4:
+        amax = matrix_amax(S)  # the program holds the whole matrix (BV == V)
+    else:
+        amax = 0.0
+    store_state(data, s1, s2, S, mat, offs_v, offs_v < V, V, seed, step, amax, FMT, BV, K)
 
 
 # ------------------------------------------------------------------------ kernels
@@ -171,11 +191,11 @@ def _conventional_kernel(
     hk = h // (HV // HK)
     slot = tl.load(state_idx + bidx)
     if slot >= 0:
-        SR: tl.constexpr = (FMT == FMT_BF16_SR) or (FMT == FMT_FP16_SR)
+        SR: tl.constexpr = (FMT == K_BF16_SR) or (FMT == K_FP16_SR)
         offs_v = pid_v * BV + tl.arange(0, BV)
         mat = slot.to(tl.int64) * HV + h
         S = _load(data, s1, s2, mat, offs_v, V, BV, K, FMT)
-        q, k = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
+        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
         v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
         g, beta = _gates(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
         S = _delta(S, k, v, tl.exp(g), beta)
@@ -206,19 +226,20 @@ def _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
         offs_k = tl.arange(0, K)
         tl.store(fresh + (mat * V + offs_v)[:, None] * K + offs_k[None, :], S)
     _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, t, V, BV, K, C_FMT)
-    if F_FMT != FMT_NONE:
+    if F_FMT != K_NONE:
         _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, t, V, BV, K, F_FMT)
     return tl.sum(S * q[None, :], axis=1)
 
 
 @triton.jit
-def _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g,
-                 ring_b, slot, h, hk, mat, pid_v, offs_v, n,
+def _output_body(k, v, q, g, alpha, beta, q_row, k_row, qn, kn, r_data, r_s1, r_s2, ring_k,
+                 ring_v, ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr):
+                 BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
+                 RING: tl.constexpr):
     """Output step from the stored copy ``r_*`` and ring entries 0..n-1; appends this
     step at position n; returns the output rows."""
-    Sk0, Sq0 = read_dots(r_data, r_s1, r_s2, mat, offs_v, k, q, V, K, FMT)
+    Sk0, Sq0 = read_dots(r_data, r_s1, r_s2, mat, offs_v, k, q, V, K, BV, FMT)
     Sk, Sq = _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
                         HK, HV, K, V, R, RP, RING)
     d = beta * (v - alpha * Sk)
@@ -266,11 +287,13 @@ def _replay_step_kernel(
         t = tl.load(steps + slot)
         offs_v = pid_v * BV + tl.arange(0, BV)
         mat = slot.to(tl.int64) * HV + h
-        q, k = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
+        q_row = q_ptr + (bidx * HK + hk) * K
+        k_row = k_ptr + (bidx * HK + hk) * K
+        q, k, qn, kn = _prep_qk(q_row, k_row, K, RING)
         v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
         g, beta = _gates(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
         alpha = tl.exp(g)
-        if F_FMT != FMT_NONE:
+        if F_FMT != K_NONE:
             r_data, r_s1, r_s2 = f_data, f_s1, f_s2
             R_FMT: tl.constexpr = F_FMT
         else:
@@ -283,9 +306,9 @@ def _replay_step_kernel(
                             n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING, FRESH)
             new_n = n * 0 - 1  # marker for the output launch that follows
         elif MODE == 1:
-            o = _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v,
-                             ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
-                             HK, HV, K, V, R, RP, R_FMT, RING)
+            o = _output_body(k, v, q, g, alpha, beta, q_row, k_row, qn, kn, r_data, r_s1, r_s2,
+                             ring_k, ring_v, ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v,
+                             offs_v, n, HK, HV, K, V, BV, R, RP, R_FMT, RING)
             new_n = n + 1
         else:
             if is_flush:
@@ -296,9 +319,9 @@ def _replay_step_kernel(
                                 FRESH)
                 new_n = n * 0
             else:
-                o = _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v,
-                                 ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
-                                 HK, HV, K, V, R, RP, R_FMT, RING)
+                o = _output_body(k, v, q, g, alpha, beta, q_row, k_row, qn, kn, r_data, r_s1,
+                                 r_s2, ring_k, ring_v, ring_d, ring_g, ring_b, slot, h, hk, mat,
+                                 pid_v, offs_v, n, HK, HV, K, V, BV, R, RP, R_FMT, RING)
                 new_n = n + 1
         tl.store(out + (bidx * HV + h) * V + offs_v, o)
         finish_slot(tickets, ring_len, steps, slot, nprog, new_n, t + 1)
@@ -341,7 +364,7 @@ def _verify_kernel(
         cumd = tl.zeros((TP,), dtype=tl.float32)
         for j in tl.static_range(T):
             bj = bidx * T + j
-            q, k = _prep_qk(q_ptr + (bj * HK + hk) * K, k_ptr + (bj * HK + hk) * K, K, RING)
+            q, k, qn, kn = _prep_qk(q_ptr + (bj * HK + hk) * K, k_ptr + (bj * HK + hk) * K, K, RING)
             v = ring_round(tl.load(v_ptr + (bj * HV + h) * V + offs_v).to(tl.float32), RING)
             g, beta = _gates(a_ptr + bj * HV + h, b_ptr + bj * HV + h, A_log, dt_bias, h)
             alpha = tl.exp(g)
@@ -402,7 +425,7 @@ def _commit_kernel(
                            HK, HV, K, V, R, RING)
             ts = t + n_acc - 1
             _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, ts, V, BV, K, C_FMT)
-            if F_FMT != FMT_NONE:
+            if F_FMT != K_NONE:
                 _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, ts, V, BV, K, F_FMT)
             new_n = m * 0
         finish_slot(tickets, ring_len, steps, slot, HV * (V // BV), new_n, t + n_acc)
@@ -519,7 +542,10 @@ class GDNReplayCache:
     outputs read the checkpoint).  ``window`` is L; ``drafts`` the largest number of
     speculative drafts verified at once (the ring holds L - 1 + drafts entries).
     ``launch``: "fused" (one launch per step, branching per slot on its ring count)
-    or "split" (a flush launch then an output launch, each skipping the other's slots).
+    or "split" (a flush launch then an output launch, each skipping the other's slots;
+    the output launch then has the output path's smaller register footprint and its
+    own block ``out_block_v`` / ``out_num_warps``).  ``block_v`` / ``num_warps`` are the
+    fused kernel's (and the flush launch's, verify's and commit's) configuration.
     """
 
     def __init__(
@@ -528,6 +554,7 @@ class GDNReplayCache:
         ring_dtype: torch.dtype = torch.bfloat16, drafts: int = 0, seed: int = 0,
         device: torch.device | str = "cuda", batch_hint: int | None = None,
         block_v: int | None = None, num_warps: int | None = None, launch: str = "fused",
+        out_block_v: int | None = None, out_num_warps: int | None = None,
         keep_fresh: bool = False,
     ):
         if window < 1:
@@ -549,6 +576,11 @@ class GDNReplayCache:
         self.BV, self.num_warps = block_v or bv, num_warps or nw
         if whole and self.BV != V:
             raise ValueError("an nvfp4 copy needs block_v == V")
+        obv, onw = default_config(batch_hint or slots, v_heads, V, K, False)
+        self.out_BV, self.out_num_warps = out_block_v or obv, out_num_warps or onw
+        for bv_ in (self.BV, self.out_BV):
+            if V % bv_:
+                raise ValueError(f"block_v {bv_} does not divide V = {V}")
         R, rdt = self.R, _RING_STORAGE[ring_dtype]
         self.ring_k = torch.zeros((slots, R, k_heads, K), dtype=rdt, device=device)
         self.ring_v = torch.zeros((slots, R, v_heads, V), dtype=rdt, device=device)
@@ -605,15 +637,18 @@ class GDNReplayCache:
                 self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
                 *self.counters.args(),
                 self.fresh if self.fresh is not None else self.ring_g, as_int32(self.seed))
-        grid = (self.V // self.BV, B * self.HV)
-        consts = (self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R, self.RP,
-                  c.fmt_id, f_id, self.ring_id)
+        tail = (self.L, self.R, self.RP, c.fmt_id, f_id, self.ring_id)
         fresh = self.fresh is not None
+        heads = (self.HK, self.HV, self.K, self.V)
+        grid = (self.V // self.BV, B * self.HV)
         if self.launch == "fused":
-            _replay_step_kernel[grid](*args, *consts, 0, fresh, num_warps=self.num_warps)
+            _replay_step_kernel[grid](*args, *heads, self.BV, *tail, 0, fresh,
+                                      num_warps=self.num_warps)
         else:
-            _replay_step_kernel[grid](*args, *consts, 2, fresh, num_warps=self.num_warps)
-            _replay_step_kernel[grid](*args, *consts, 1, fresh, num_warps=self.num_warps)
+            _replay_step_kernel[grid](*args, *heads, self.BV, *tail, 2, fresh,
+                                      num_warps=self.num_warps)
+            _replay_step_kernel[(self.V // self.out_BV, B * self.HV)](
+                *args, *heads, self.out_BV, *tail, 1, fresh, num_warps=self.out_num_warps)
         return out
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:

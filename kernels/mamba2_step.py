@@ -152,24 +152,25 @@ def slot_indices(batch: int, device: torch.device) -> torch.Tensor:
 
 
 def pick_block_p(headdim: int, dstate: int, fmt_ids: tuple[int, ...],
-                 block_p: int | None = None) -> int:
+                 block_p: int | None = None, minimum: int = 16) -> int:
     """Rows per program: the whole (padded) head matrix when nvfp4 is written or
-    read, else ``block_p`` or a default sized to ~16 KB of state per program."""
+    read, else ``block_p`` or a default of ~8 KB of stored state per program
+    (at least ``minimum`` rows: replay tiles need 16 for their flush chunks)."""
     whole = triton.next_power_of_2(headdim)
     if FMT_NVFP4 in fmt_ids:
         return whole
     if block_p is not None:
-        return max(16, min(block_p, whole))
+        return max(minimum, min(block_p, whole))
     nbytes = min(_BYTES_BY_ID[f] for f in fmt_ids)
-    rows = triton.next_power_of_2(max(1, int(16384 // (dstate * nbytes))))
-    return max(16, min(rows, whole))
+    rows = triton.next_power_of_2(max(1, int(8192 // (dstate * nbytes))))
+    return max(minimum, min(rows, whole))
 
 
 def pick_warps(block_p: int, dstate: int, num_warps: int | None = None) -> int:
-    """Warps per program: ~16-32 state elements per thread."""
+    """Warps per program: ~16-32 state elements per thread (4 to 16 warps)."""
     if num_warps is not None:
         return num_warps
-    return max(4, min(8, block_p * dstate // 512))
+    return max(4, min(16, block_p * dstate // 1024))
 
 
 def _strides(t: torch.Tensor | None, token_dim: bool) -> tuple[int, int]:
@@ -208,6 +209,7 @@ def launch(
     steps: torch.Tensor | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
+    flush_rows: int = 16,
 ) -> None:
     """Launch :func:`mamba2_kernel` (shared by the step, conventional and verify wrappers).
 
@@ -224,7 +226,7 @@ def launch(
     ck_id = ckpt.fmt_id
     rd = read if read is not None else ckpt
     ids = (ck_id, rd.fmt_id)
-    bp = pick_block_p(P, N, ids, block_p)
+    bp = pick_block_p(P, N, ids, block_p, 1 if mode == MODE_CONV else 16)
     nw = pick_warps(bp, N, num_warps)
     if cache is not None:
         ring = (cache.ring_x, cache.ring_B, cache.ring_dt, cache.ring_len, cache.steps,
@@ -243,6 +245,7 @@ def launch(
     if count_steps and steps is None:
         raise ValueError("stochastic-rounding conventional steps need a `steps` counter tensor")
     rb = max(16, triton.next_power_of_2(L))
+    need_amax = FMT_NVFP4 in (ck_id, rd.fmt_id) and mode != MODE_CONV
     grid = (H * triton.cdiv(P, bp), batch)
     mamba2_kernel[grid](
         *ckpt.kernel_args(), *rd.kernel_args(), fresh,
@@ -254,11 +257,12 @@ def launch(
         *_strides(x, tok), *_strides(dt, tok), *_strides(B, tok), *_strides(C, tok),
         *_strides(z, tok), *_strides(out, tok),
         H, G, P, L, LR,
-        N=N, BLOCK_P=bp, RB=rb, T=T, MODE=mode, CK_FMT=ck_id, RD_FMT=rd.fmt_id,
+        N=N, BLOCK_P=bp, FB=min(bp, flush_rows), RB=rb, T=T, MODE=mode, CK_FMT=ck_id,
+        RD_FMT=rd.fmt_id,
         SPLIT=read is not None, RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
         HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus,
         WRITE_FRESH=cache is not None and cache.fresh is not None, COUNT_STEPS=count_steps,
-        num_warps=nw,
+        NEED_AMAX=need_amax, num_warps=nw,
     )
 
 

@@ -32,6 +32,9 @@ from .tl_formats import bf16_bits_to_f32, bf16_rne_bits, fp16_bits_to_f32, fp16_
 RING_FP32 = 0
 RING_BF16 = 1
 RING_FP16 = 2
+K_RING_FP32 = tl.constexpr(RING_FP32)
+K_RING_BF16 = tl.constexpr(RING_BF16)
+K_RING_FP16 = tl.constexpr(RING_FP16)
 
 
 @triton.jit
@@ -62,9 +65,9 @@ def gate(y, x, z, D, HAS_Z: tl.constexpr):
 @triton.jit
 def ring_round(v, RING: tl.constexpr):
     """The float32 value ``v`` takes when stored in the ring dtype."""
-    if RING == RING_BF16:
+    if RING == K_RING_BF16:
         r = bf16_bits_to_f32(bf16_rne_bits(v))
-    elif RING == RING_FP16:
+    elif RING == K_RING_FP16:
         r = fp16_bits_to_f32(fp16_rne_bits(v))
     else:
         r = v
@@ -74,9 +77,9 @@ def ring_round(v, RING: tl.constexpr):
 @triton.jit
 def ring_load(ptrs, mask, RING: tl.constexpr):
     """Load ring entries as float32 (masked entries zero)."""
-    if RING == RING_BF16:
+    if RING == K_RING_BF16:
         v = bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
-    elif RING == RING_FP16:
+    elif RING == K_RING_FP16:
         v = fp16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
     else:
         v = tl.load(ptrs, mask=mask, other=0.0)
@@ -86,9 +89,9 @@ def ring_load(ptrs, mask, RING: tl.constexpr):
 @triton.jit
 def ring_store(ptrs, v, mask, RING: tl.constexpr):
     """Store float32 ``v`` (already on the ring grid) into the ring."""
-    if RING == RING_BF16:
+    if RING == K_RING_BF16:
         tl.store(ptrs, bf16_rne_bits(v), mask=mask)
-    elif RING == RING_FP16:
+    elif RING == K_RING_FP16:
         tl.store(ptrs, fp16_rne_bits(v), mask=mask)
     else:
         tl.store(ptrs, v, mask=mask)
@@ -106,12 +109,6 @@ def dt_of(dt_raw, dt_bias, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr)
 
 
 @triton.jit
-def ring_rows(slot, half, offs_r, L, LR):
-    """int64 ring row ``slot * LR + half * L + entry`` of each entry index."""
-    return slot.to(tl.int64) * LR + half * L + offs_r
-
-
-@triton.jit
 def decay_weights(dts, cum, offs_r, q):
     """``(Lambda_q, w)`` for an output at entry ``q``: ``Lambda_q = cum[q]`` (exact
     pick) and ``w_i = dt_i exp(Lambda_q - cum_i)`` for ``i <= q``, else 0."""
@@ -121,10 +118,19 @@ def decay_weights(dts, cum, offs_r, q):
 
 
 @triton.jit
-def fold_rows(S, last, w, ex, eB):
-    """``exp(Lambda) S + sum_i w_i x_i B_i^T`` for one tile (float32, exact ieee dot)."""
-    upd = tl.dot(tl.trans(ex * w[:, None]), eB, input_precision="ieee")
-    return tl.exp(last) * S + upd
+def fold_ring(acc, w, offs_r, n, rx_b, rB_b, rows, mask, HP, GN, N: tl.constexpr,
+              RB: tl.constexpr, RING: tl.constexpr):
+    """``acc + sum_{i<n} (w_i x_i) B_i^T`` over the tile rows ``rows``, with x_i and B_i
+    re-read entry by entry from the ring (L1/L2-hot): a loop instead of a rank-n dot
+    keeps the flush path's registers as low as the output path's."""
+    offs_n = tl.arange(0, N)
+    for i in range(RB):  # constant trip count, entries past n skipped
+        if i < n:
+            w_i = tl.sum(tl.where(offs_r == i, w, 0.0), axis=0)
+            x_i = ring_load(rx_b + i * HP + rows, mask, RING)
+            B_i = ring_load(rB_b + i * GN + offs_n, offs_n < N, RING)
+            acc += (w_i * x_i)[:, None] * B_i[None, :]
+    return acc
 
 
 @triton.jit

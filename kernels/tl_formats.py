@@ -57,6 +57,17 @@ FORMAT_IDS: dict[str, int] = {
 }
 """Formats the kernels read and write, by registry name."""
 
+# the same ids as compile-time constants for device code
+K_NONE = tl.constexpr(FMT_NONE)
+K_FP32 = tl.constexpr(FMT_FP32)
+K_BF16 = tl.constexpr(FMT_BF16)
+K_FP16 = tl.constexpr(FMT_FP16)
+K_BF16_SR = tl.constexpr(FMT_BF16_SR)
+K_FP16_SR = tl.constexpr(FMT_FP16_SR)
+K_FP8 = tl.constexpr(FMT_FP8)
+K_NVFP4 = tl.constexpr(FMT_NVFP4)
+K_MXFP4 = tl.constexpr(FMT_MXFP4)
+
 GOLDEN32 = 0x9E3779B9
 _M1 = 0x7FEB352D
 _M2 = 0x846CA68B
@@ -290,36 +301,44 @@ def block_max(a, BLOCK_P: tl.constexpr, N: tl.constexpr, BS: tl.constexpr):
 
 
 @triton.jit
-def encode_tile(S, FMT: tl.constexpr, index, key, BLOCK_P: tl.constexpr, N: tl.constexpr):
+def matrix_amax(S):
+    """Largest finite ``|S|`` of a tile (scalar), for the nvfp4 matrix scale."""
+    return tl.max(tl.max(tl.where(is_finite(S), tl.abs(S), 0.0), axis=1), axis=0)
+
+
+@triton.jit
+def encode_tile(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.constexpr,
+                N: tl.constexpr):
     """Encode a float32 tile into ``(codes, s1, s2)`` of format ``FMT``.
 
     ``index``: uint32 [BLOCK_P, N] element indices and ``key``: uint32 stream key
-    (stochastic formats only).  Rows outside the matrix must be zero."""
+    (stochastic formats only); ``amax_mat``: the whole matrix's finite amax (nvfp4
+    only; a tile may hold part of the matrix).  Rows outside the matrix must be zero."""
     s1 = 0.0
     s2 = 0.0
-    if FMT == FMT_FP32:
+    if FMT == K_FP32:
         codes = S
-    elif FMT == FMT_BF16:
+    elif FMT == K_BF16:
         codes = bf16_rne_bits(S)
-    elif FMT == FMT_FP16:
+    elif FMT == K_FP16:
         codes = fp16_rne_bits(S)
-    elif FMT == FMT_BF16_SR:
+    elif FMT == K_BF16_SR:
         q = sr_round(S, sr_bits(index, key), 7, -126, 3.3895313892515355e38)
         codes = bf16_rne_bits(q)
-    elif FMT == FMT_FP16_SR:
+    elif FMT == K_FP16_SR:
         q = sr_round(S, sr_bits(index, key), 10, -14, 65504.0)
         codes = fp16_rne_bits(q)
-    elif FMT == FMT_FP8:
+    elif FMT == K_FP8:
         fin = is_finite(S)
         amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
         s1 = tl.math.div_rn(amax, 448.0)
         y = tl.math.div_rn(S, tl.where(s1 > 0, s1, 1.0)[:, None])
         c = e4m3_code(tl.minimum(tl.maximum(y, -448.0), 448.0), True)
         codes = tl.where(fin, c, 0x7F).to(tl.uint8)
-    elif FMT == FMT_NVFP4:
+    elif FMT == K_NVFP4:
         fin = is_finite(S)
         a = tl.where(fin, tl.abs(S), 0.0)
-        s2 = tl.math.div_rn(tl.max(tl.max(a, axis=1), axis=0), 2688.0)
+        s2 = tl.math.div_rn(amax_mat, 2688.0)
         nonzero = s2 > 0
         s = tl.math.div_rn(block_max(a, BLOCK_P, N, 16), 6.0 * s2)
         s = tl.where(s == 0, 1.0, s)
@@ -332,7 +351,7 @@ def encode_tile(S, FMT: tl.constexpr, index, key, BLOCK_P: tl.constexpr, N: tl.c
         ok = per_block(okb, BLOCK_P, N, 16) != 0
         codes = pack_nibbles(tl.where(ok, e2m1_code(y, False), 0), BLOCK_P, N)
         s1 = tl.where(bfin, sc, 0x7F).to(tl.uint8)
-    else:  # FMT_MXFP4
+    else:  # K_MXFP4
         fin = is_finite(S)
         a = tl.where(fin, tl.abs(S), 0.0)
         k = tl.minimum(tl.maximum(exponent_of(block_max(a, BLOCK_P, N, 32)) - 2, -127), 127)
@@ -348,46 +367,53 @@ def encode_tile(S, FMT: tl.constexpr, index, key, BLOCK_P: tl.constexpr, N: tl.c
 def decode_tile(codes, s1, s2, FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
     """float32 [BLOCK_P, N] values of ``(codes, s1, s2)`` (as :func:`encode_tile` returns
     them or :func:`load_codes` loads them)."""
-    if FMT == FMT_FP32:
+    if FMT == K_FP32:
         S = codes
-    elif (FMT == FMT_BF16) or (FMT == FMT_BF16_SR):
+    elif (FMT == K_BF16) or (FMT == K_BF16_SR):
         S = bf16_bits_to_f32(codes)
-    elif (FMT == FMT_FP16) or (FMT == FMT_FP16_SR):
+    elif (FMT == K_FP16) or (FMT == K_FP16_SR):
         S = fp16_bits_to_f32(codes)
-    elif FMT == FMT_FP8:
+    elif FMT == K_FP8:
         S = e4m3_value(codes.to(tl.int32)) * s1[:, None]
-    elif FMT == FMT_NVFP4:
+    elif FMT == K_NVFP4:
         bs = e4m3_value(s1.to(tl.int32)) * s2
         S = e2m1_value(unpack_nibbles(codes, BLOCK_P, N)) * per_block(bs, BLOCK_P, N, 16)
-    else:  # FMT_MXFP4
+    else:  # K_MXFP4
         bs = e8m0_value(s1.to(tl.int32))
         S = e2m1_value(unpack_nibbles(codes, BLOCK_P, N)) * per_block(bs, BLOCK_P, N, 32)
     return S
 
 
 @triton.jit
+def tile_offsets(offs_p, W: tl.constexpr):
+    """int32 offsets of a [BLOCK_P, W] tile of rows ``offs_p`` (row pitch W)."""
+    return offs_p[:, None] * W + tl.arange(0, W)[None, :]
+
+
+@triton.jit
 def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
                FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
-    """Load the stored pieces of rows ``offs_p`` of state matrix ``mat`` (int64)."""
+    """Load the stored pieces of rows ``offs_p`` of state matrix ``mat`` (int64 scalar).
+
+    Addresses are a scalar int64 base per matrix plus int32 tile offsets."""
     s1 = 0.0
     s2 = 0.0
-    row = mat * P + offs_p  # global row index, int64
+    rows = mat * P  # first global row of the matrix, int64 scalar
     m2 = mask_p[:, None]
-    if (FMT == FMT_NVFP4) or (FMT == FMT_MXFP4):
-        oh = tl.arange(0, N // 2)
-        codes = tl.load(codes_ptr + row[:, None] * (N // 2) + oh[None, :], mask=m2, other=0)
-        if FMT == FMT_NVFP4:
-            ob = tl.arange(0, N // 16)
-            s1 = tl.load(s1_ptr + row[:, None] * (N // 16) + ob[None, :], mask=m2, other=0)
+    if (FMT == K_NVFP4) or (FMT == K_MXFP4):
+        codes = tl.load(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), mask=m2,
+                        other=0)
+        if FMT == K_NVFP4:
+            s1 = tl.load(s1_ptr + rows * (N // 16) + tile_offsets(offs_p, N // 16), mask=m2,
+                         other=0)
             s2 = tl.load(s2_ptr + mat)
         else:
-            ob = tl.arange(0, N // 32)
-            s1 = tl.load(s1_ptr + row[:, None] * (N // 32) + ob[None, :], mask=m2, other=0)
+            s1 = tl.load(s1_ptr + rows * (N // 32) + tile_offsets(offs_p, N // 32), mask=m2,
+                         other=0)
     else:
-        on = tl.arange(0, N)
-        codes = tl.load(codes_ptr + row[:, None] * N + on[None, :], mask=m2, other=0)
-        if FMT == FMT_FP8:
-            s1 = tl.load(s1_ptr + row, mask=mask_p, other=0.0)
+        codes = tl.load(codes_ptr + rows * N + tile_offsets(offs_p, N), mask=m2, other=0)
+        if FMT == K_FP8:
+            s1 = tl.load(s1_ptr + rows + offs_p, mask=mask_p, other=0.0)
     return codes, s1, s2
 
 
@@ -395,23 +421,19 @@ def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
 def store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
                 FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
     """Store the pieces :func:`encode_tile` returned (rows ``offs_p`` of matrix ``mat``)."""
-    row = mat * P + offs_p
+    rows = mat * P
     m2 = mask_p[:, None]
-    if (FMT == FMT_NVFP4) or (FMT == FMT_MXFP4):
-        oh = tl.arange(0, N // 2)
-        tl.store(codes_ptr + row[:, None] * (N // 2) + oh[None, :], codes, mask=m2)
-        if FMT == FMT_NVFP4:
-            ob = tl.arange(0, N // 16)
-            tl.store(s1_ptr + row[:, None] * (N // 16) + ob[None, :], s1, mask=m2)
+    if (FMT == K_NVFP4) or (FMT == K_MXFP4):
+        tl.store(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), codes, mask=m2)
+        if FMT == K_NVFP4:
+            tl.store(s1_ptr + rows * (N // 16) + tile_offsets(offs_p, N // 16), s1, mask=m2)
             tl.store(s2_ptr + mat, s2)
         else:
-            ob = tl.arange(0, N // 32)
-            tl.store(s1_ptr + row[:, None] * (N // 32) + ob[None, :], s1, mask=m2)
+            tl.store(s1_ptr + rows * (N // 32) + tile_offsets(offs_p, N // 32), s1, mask=m2)
     else:
-        on = tl.arange(0, N)
-        tl.store(codes_ptr + row[:, None] * N + on[None, :], codes, mask=m2)
-        if FMT == FMT_FP8:
-            tl.store(s1_ptr + row, s1, mask=mask_p)
+        tl.store(codes_ptr + rows * N + tile_offsets(offs_p, N), codes, mask=m2)
+        if FMT == K_FP8:
+            tl.store(s1_ptr + rows + offs_p, s1, mask=mask_p)
 
 
 @triton.jit
@@ -428,22 +450,23 @@ def load_state(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
 @triton.jit
 def element_index(mat, offs_p, P, N: tl.constexpr):
     """uint32 row-major index (mod 2**32) of each element of the tile."""
-    row = (mat * P + offs_p).to(tl.uint32)
-    return row[:, None] * N + tl.arange(0, N)[None, :].to(tl.uint32)
+    base = (mat * P * N).to(tl.uint32)
+    return base + tile_offsets(offs_p, N).to(tl.uint32)
 
 
 @triton.jit
-def store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
+def store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step, amax_mat,
                 FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
     """Encode float32 tile ``S`` (masked rows zero) and store it; returns the
-    float32 values the stored bits decode to (for a read that follows in registers)."""
-    if (FMT == FMT_BF16_SR) or (FMT == FMT_FP16_SR):
+    float32 values the stored bits decode to (for a read that follows in registers).
+    ``amax_mat`` is the matrix amax for nvfp4 (see :func:`encode_tile`)."""
+    if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
         index = element_index(mat, offs_p, P, N)
         key = sr_key(seed, step)
     else:
         index = 0
         key = 0
-    codes, s1, s2 = encode_tile(S, FMT, index, key, BLOCK_P, N)
+    codes, s1, s2 = encode_tile(S, FMT, index, key, amax_mat, BLOCK_P, N)
     store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
                 FMT, BLOCK_P, N)
     return tl.where(mask_p[:, None], decode_tile(codes, s1, s2, FMT, BLOCK_P, N), 0.0)
