@@ -164,13 +164,15 @@ def test_replay_matches_torch_runner_and_formats(design) -> None:
     assert cache.counters.tickets.tolist() == [0, 0, 0]
 
 
-def test_split_launch_equals_fused() -> None:
+@pytest.mark.parametrize("read,bv", [("fp8-e4m3", 16), ("nvfp4", 32)])
+def test_split_launch_equals_fused(read: str, bv: int) -> None:
+    """Flush launch + output launch (its own, smaller block) = the one fused launch."""
     kind, params, raws = setup(steps=5, batch=2, seed=2)
     idx = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
     outs = {}
     for launch in ("fused", "split"):
-        cache = GDNReplayCache(2, HK, HV, K, V, window=3, checkpoint="fp32", read="fp8-e4m3",
-                               device=DEV, block_v=16, launch=launch)
+        cache = GDNReplayCache(2, HK, HV, K, V, window=3, checkpoint="fp32", read=read,
+                               device=DEV, block_v=bv, launch=launch, out_block_v=16)
         cache.reset(state0(2))
         outs[launch] = [cache.step(*args(r), params.A_log, params.dt_bias, idx) for r in raws]
         outs[launch + "_counters"] = (cache.ring_len.tolist(), cache.steps.tolist())
