@@ -1,0 +1,117 @@
+"""GPU timing: CUDA-graph replays with a cold L2, and memory-bandwidth ceilings.
+
+Method (shared by the Mamba-2 and GDN benchmarks): capture one decode step in a
+CUDA graph; before every replay write a buffer of at least 256 MB (and at least
+twice the L2) so the replay starts with a cold L2; time each replay alone with
+CUDA events; subtract nothing; report medians.  A step whose graph advances
+device counters (a replay design's ring) walks through its window on successive
+replays, so replay ``i`` is ring position ``(start + i) mod L``.
+
+Bandwidth ceilings are measured the same way: a device-to-device copy (bytes
+read + written) and a read-only Triton reduction (bytes read).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+FLUSH_BYTES = 256 << 20
+
+
+@dataclass
+class GraphStep:
+    """A captured CUDA graph of ``fn`` (warmed up once before capture)."""
+
+    graph: torch.cuda.CUDAGraph
+    fn: Callable[[], object]
+
+
+def capture(fn: Callable[[], object], warmup: int = 1) -> GraphStep:
+    """Run ``fn`` ``warmup`` times (compiles kernels), then capture one call.
+
+    ``fn`` must write into preallocated outputs.  Capturing runs nothing, but the
+    warm-up calls do: reset any state ``fn`` advances afterwards.
+    """
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return GraphStep(g, fn)
+
+
+class ColdL2Timer:
+    """Times graph replays, each after a write of ``flush_bytes`` (cold L2)."""
+
+    def __init__(self, device: torch.device | str = "cuda", flush_bytes: int | None = None):
+        dev = torch.device(device)
+        l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+        n = max(flush_bytes or FLUSH_BYTES, 2 * l2)
+        self.flush = torch.empty(n // 4, dtype=torch.float32, device=dev)
+
+    def replays(self, step: GraphStep | torch.cuda.CUDAGraph, n: int) -> list[float]:
+        """Microseconds of ``n`` consecutive replays, each with a cold L2."""
+        g = step.graph if isinstance(step, GraphStep) else step
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            self.flush.fill_(float(i & 7))
+            starts[i].record()
+            g.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)]
+
+    def median(self, step: GraphStep | torch.cuda.CUDAGraph, n: int = 20) -> float:
+        """Median microseconds of ``n`` cold-L2 replays (one warm-up replay first)."""
+        self.replays(step, 1)
+        return statistics.median(self.replays(step, n))
+
+    def cycle(self, step: GraphStep | torch.cuda.CUDAGraph, period: int, rounds: int
+              ) -> list[float]:
+        """Per-position medians of a graph whose effect cycles with ``period``
+        replays (a ring window): ``rounds`` cycles, replay i at position i % period."""
+        times = self.replays(step, period * rounds)
+        return [statistics.median(times[p::period]) for p in range(period)]
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    base = pid.to(tl.int64) * BLOCK * ITERS
+    for i in range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+def bandwidth(nbytes: int = 2 << 30, device: torch.device | str = "cuda",
+              timer: ColdL2Timer | None = None, n: int = 10) -> dict[str, float]:
+    """Measured ceilings in TB/s: ``copy`` (read + write of a device copy) and
+    ``read`` (a read-only reduction), each a median of cold-L2 graph replays."""
+    timer = timer or ColdL2Timer(device)
+    numel = nbytes // 4
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    copy_us = timer.median(capture(lambda: dst.copy_(src)), n)
+    block, iters = 4096, 8
+    grid = triton.cdiv(numel, block * iters)
+    part = torch.empty(grid, device=device)
+    read_us = timer.median(capture(
+        lambda: _read_kernel[(grid,)](src, part, numel, BLOCK=block, ITERS=iters, num_warps=8)
+    ), n)
+    return {"copy_TBps": 2 * nbytes / copy_us / 1e6, "read_TBps": nbytes / read_us / 1e6,
+            "copy_us": copy_us, "read_us": read_us, "bytes": float(nbytes)}
