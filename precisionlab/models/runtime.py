@@ -1,0 +1,218 @@
+"""Decode a whole hybrid model with every SSM layer's recurrent state kept under a
+precision design, next to a reference that keeps the state exact.
+
+How the designs are realised
+----------------------------
+One forward pass carries every configuration: the batch is laid out in groups of
+``batch`` rows, group 0 the reference and group g the g-th design, all fed the
+same tokens (the study teacher-forces the reference's greedy tokens).  Attention,
+FFN and every other non-SSM computation is transformers' own and is per row, so
+rows of different groups never mix.
+
+Each SSM mixer's ``forward`` is wrapped per instance while a :class:`DesignDecode`
+is open (the wrapper is an instance attribute, removed on exit; transformers'
+classes and files are untouched).  Prompt tokens (prefill, sequence length > 1)
+go through the mixer's own forward: every row gets the exact chunked-scan state.
+After the prefill that state seeds the reference (fp64) and each design's
+``TorchDesignRunner`` (``state0``: rounded into the checkpoint and read copy as the
+engine does at step -1).  For every decode step the wrapper
+
+1. runs the mixer's own projections and causal-conv update (the transformers conv
+   state advances in place) to get the step's SSM inputs (x, dt, B, C / q, k, v,
+   a, b: :mod:`precisionlab.models.adapters`);
+2. runs the recurrence with precisionlab's engine: ``kind.prepare`` (inputs
+   rounded to the ring dtype, gates computed), then for the reference rows
+   ``kind.reference_step_`` on an fp64 state and for each design's rows
+   ``TorchDesignRunner.step`` (the design's checkpoint / read copies and ring,
+   output steps by replay, flushes every L steps) - exactly the engine's
+   semantics, including GDN's ring of ``d`` values computed from the read copy
+   and recomputed from the checkpoint at a flush;
+3. hands the SSM output back to the mixer's gated norm and output projection.
+
+So the design's state never passes through the transformers cache during decode
+(its recurrent-state tensor keeps the prefill state); no equivalence argument
+(replay versus "step from a decoded copy") is needed because the engine's replay
+itself produces the output.  As in the engine, the reference consumes the inputs
+rounded to the ring dtype, so errors measure the state's storage; with
+``ring_dtype="fp32"`` the reference is the model's exact recurrence (fp64 state).
+
+Limits: every SSM layer of one design uses the same design (the per-layer SR seed
+is ``seed + 2 * layer_index``, its read copy ``+ 1``); prefill is exact for all;
+the torch backend only (the Triton kernels are not used here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ..designs import Design, TorchDesignRunner
+from ..kinds import LayerKind, kind_for, ring_dtype_of
+from .adapters import MixerAdapter, ModelError
+from .loading import HybridModel
+
+
+def rows(inp: Any, sl: slice) -> Any:
+    """The rows ``sl`` of a kind's prepared inputs (a dataclass of tensors)."""
+    return type(inp)(**{f.name: None if getattr(inp, f.name) is None else getattr(inp, f.name)[sl]
+                        for f in dataclasses.fields(inp)})
+
+
+def rel_l2(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per-row relative L2 norm over every non-batch axis."""
+    den = ref.flatten(1).norm(dim=1)
+    return diff.flatten(1).norm(dim=1) / den.clamp_min(torch.finfo(den.dtype).tiny)
+
+
+class _LayerRun:
+    """One SSM layer's reference state and design runners."""
+
+    def __init__(self, idx: int, hm: HybridModel, designs: Sequence[Design], batch: int,
+                 ring_dtype: torch.dtype, seed: int, S0: torch.Tensor):
+        self.idx = idx
+        self.mixer = hm.mixers[idx]
+        self.adapter: MixerAdapter = hm.adapter(idx)
+        self.kind: LayerKind = kind_for(hm.layer_shape(idx))
+        raw = {k: v.to(S0.device) for k, v in self.adapter.params(self.mixer).items()}
+        self.params32 = self.kind.params({k: v.float() for k, v in raw.items()})
+        self.params64 = self.kind.params(raw)
+        self.raw_params = raw
+        self.S_ref = S0[:batch].double().clone()
+        self.state0 = S0[:batch].double().clone()
+        self.runners = [
+            TorchDesignRunner(d, self.kind, self.params32, batch, S0.device, ring_dtype,
+                              seed + 2 * idx, S0[g * batch:(g + 1) * batch].contiguous())
+            for g, d in enumerate(designs, start=1)
+        ]
+
+
+class DesignDecode:
+    """Context manager: decode ``hm`` with its SSM states under ``designs``.
+
+    ``prefill(ids)`` then ``step(tokens)`` repeatedly; both return fp32 logits of
+    shape ``(groups * batch, vocab)``, group 0 the reference.  After each step,
+    ``ssm_out_err`` (designs, batch) is the relative error of the SSM outputs
+    against the reference rows (mean over layers) and ``state_err`` (designs, batch)
+    that of the fresh fp32 state at flush steps (mean over layers; NaN elsewhere).
+    ``record`` (decoder-layer indices) keeps the reference rows' raw SSM inputs of
+    those layers, per step, in ``recorded``; ``outputs[i]`` is layer i's SSM output
+    (all rows, fp32, engine layout) of the last step.
+    """
+
+    def __init__(self, hm: HybridModel, designs: Sequence[Design], *, batch: int,
+                 ring_dtype: str = "bf16", seed: int = 0, record: Iterable[int] = ()):
+        self.hm, self.designs, self.batch = hm, list(designs), int(batch)
+        self.groups = 1 + len(self.designs)
+        self.rows = self.groups * self.batch
+        self.ring_dtype = ring_dtype_of(ring_dtype)
+        self.seed = seed
+        self.recorded: dict[int, list[dict[str, torch.Tensor]]] = {int(i): [] for i in record}
+        unknown = [i for i in self.recorded if i not in hm.mixers]
+        if unknown:
+            raise ModelError(f"layer {unknown[0]} is not an SSM layer; SSM layers: "
+                             f"{', '.join(map(str, hm.ssm_layers))}")
+        self.t = -1
+        self.cache = None
+        self.layers: dict[int, _LayerRun] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self._out: list[list[torch.Tensor]] = []
+        self._state: list[list[torch.Tensor]] = []
+
+    # --- hooks ---------------------------------------------------------------
+    def __enter__(self) -> DesignDecode:
+        for idx, mixer in self.hm.mixers.items():
+            mixer.forward = self._wrap(idx, mixer.forward)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for mixer in self.hm.mixers.values():
+            if "forward" in mixer.__dict__:
+                del mixer.forward
+
+    def _wrap(self, idx: int, orig):
+        def forward(*args, **kwargs):
+            hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            cache = kwargs.get("cache", kwargs.get("cache_params"))
+            if cache is None and len(args) > 1:
+                cache = args[1]
+            mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+            if self.t < 0 or hs.shape[1] != 1 or cache is None:
+                return orig(*args, **kwargs)
+            return self._decode_layer(idx, hs, cache, mask)
+
+        return forward
+
+    def _decode_layer(self, idx: int, hs: torch.Tensor, cache, mask) -> torch.Tensor:
+        run = self.layers[idx]
+        b = self.batch
+        raw, gate = run.adapter.inputs(run.mixer, hs, cache, mask)
+        raw32 = {k: v.float() for k, v in raw.items()}
+        if idx in self.recorded:
+            extra = {k: v.float() for k, v in run.adapter.trace_gate(run.mixer, gate).items()}
+            self.recorded[idx].append({k: v[:b].cpu() for k, v in {**raw32, **extra}.items()})
+        inp = run.kind.prepare(raw32, run.params32, self.ring_dtype)
+        y_ref = run.kind.reference_step_(run.S_ref, rows(inp, slice(0, b)).to(torch.float64),
+                                         run.params64)
+        ys = [y_ref.float()]
+        for g, runner in enumerate(run.runners, start=1):
+            sl = slice(g * b, (g + 1) * b)
+            y, S_new = runner.step(rows(inp, sl), self.t, {k: v[sl] for k, v in raw32.items()})
+            ys.append(y)
+            self._out[g - 1].append(rel_l2(y.double() - y_ref, y_ref))
+            if S_new is not None:
+                self._state[g - 1].append(rel_l2(S_new.double() - run.S_ref, run.S_ref))
+        self.outputs[idx] = y_all = torch.cat(ys)
+        return run.adapter.output(run.mixer, y_all, gate, hs.dtype)
+
+    # --- decoding ------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        out = self.hm.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
+        return out.logits[:, -1].float()
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt (batch, T) through every row; seed the designs."""
+        from transformers import DynamicCache
+
+        if input_ids.dim() != 2 or input_ids.shape[0] != self.batch:
+            raise ModelError(f"prompt ids must be (batch={self.batch}, tokens), got "
+                             f"{tuple(input_ids.shape)}")
+        self.cache = DynamicCache(config=self.hm.model.config)
+        self.t = -1
+        ids = input_ids.to(self.hm.device).repeat(self.groups, 1)
+        logits = self._forward(ids, logits_to_keep=1)
+        for idx in self.hm.ssm_layers:
+            S = self.cache.get_recurrent_state(idx)
+            if S is None:
+                raise ModelError(f"layer {idx} kept no recurrent state after the prompt")
+            S0 = self.hm.adapter(idx).state_to_engine(S).float().contiguous()
+            self.layers[idx] = _LayerRun(idx, self.hm, self.designs, self.batch,
+                                         self.ring_dtype, self.seed, S0)
+        return logits
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens`` (batch,) to every group; one decode step."""
+        if self.cache is None:
+            raise ModelError("call prefill() before step()")
+        self.t += 1
+        self._out = [[] for _ in self.designs]
+        self._state = [[] for _ in self.designs]
+        ids = tokens.to(self.hm.device).reshape(1, -1).repeat(self.groups, 1).reshape(-1, 1)
+        return self._forward(ids)
+
+    @property
+    def ssm_out_err(self) -> torch.Tensor:
+        """(designs, batch): SSM output error of this step, mean over layers."""
+        return torch.stack([torch.stack(e).mean(0) for e in self._out]).cpu() if self._out \
+            else torch.empty(0, self.batch)
+
+    @property
+    def state_err(self) -> torch.Tensor:
+        """(designs, batch): fresh-state error at a flush step (mean over layers), else NaN."""
+        nan = torch.full((self.batch,), float("nan"), dtype=torch.float64)
+        return torch.stack([torch.stack(e).mean(0).cpu() if e else nan for e in self._state]) \
+            if self._state else torch.empty(0, self.batch)
