@@ -523,6 +523,8 @@ def conventional_step(
         raise ValueError("stochastic rounding needs the per-slot step counters")
     bv, nw = default_config(B, HV, V, K, state.fmt == "nvfp4", kernel="conventional")
     bv, nw = block_v or bv, num_warps or nw
+    if V % bv:
+        raise ValueError(f"block_v {bv} does not divide V = {V}")
     if out is None:
         out = torch.empty((B, HV, V), dtype=torch.float32, device=q.device)
     cargs = counters.args() if counters is not None else (state_indices,) * 3
