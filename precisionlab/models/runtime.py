@@ -12,8 +12,10 @@ rows of different groups never mix.
 Each SSM mixer's ``forward`` is wrapped per instance while a :class:`DesignDecode`
 is open (the wrapper is an instance attribute, removed on exit; transformers'
 classes and files are untouched).  Prompt tokens (prefill, sequence length > 1)
-go through the mixer's own forward: every row gets the exact chunked-scan state.
-After the prefill that state seeds the reference (fp64) and each design's
+go through the mixer's own forward, once for the ``batch`` prompts; the cache
+(SSM and conv states, attention KV) is then replicated to every group, so all
+configurations start bit-identical from the exact chunked-scan state.  That state
+seeds the reference (fp64) and each design's
 ``TorchDesignRunner`` (``state0``: rounded into the checkpoint and read copy as the
 engine does at step -1).  For every decode step the wrapper
 
@@ -182,8 +184,10 @@ class DesignDecode:
                              f"{tuple(input_ids.shape)}")
         self.cache = DynamicCache(config=self.hm.model.config)
         self.t = -1
-        ids = input_ids.to(self.hm.device).repeat(self.groups, 1)
-        logits = self._forward(ids, logits_to_keep=1)
+        logits = self._forward(input_ids.to(self.hm.device), logits_to_keep=1)
+        # every group starts from the same prefill (state, conv state, KV cache)
+        self.cache.reorder_cache(torch.arange(self.batch, device=self.hm.device)
+                                 .repeat(self.groups))
         for idx in self.hm.ssm_layers:
             S = self.cache.get_recurrent_state(idx)
             if S is None:
@@ -191,7 +195,7 @@ class DesignDecode:
             S0 = self.hm.adapter(idx).state_to_engine(S).float().contiguous()
             self.layers[idx] = _LayerRun(idx, self.hm, self.designs, self.batch,
                                          self.ring_dtype, self.seed, S0)
-        return logits
+        return logits.repeat(self.groups, 1)
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
