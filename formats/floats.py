@@ -8,11 +8,13 @@ the input's bits; the 16-bit formats store 0x7E00 (fp16) / 0x7FC0 (bf16).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .base import Format, FormatError, FormatSpec, Packed
 from .bitops import as_float32, grid_exponent, pow2
-from .random_bits import random_uniform, resolve_seed
+from .random_bits import bits_i32, hashed_index, resolve_seed, stream_key_i32, uniform24_i32
 
 FP32_SPEC = FormatSpec(8, 23, 127, 3.4028234663852886e38, 2.0**-149)
 FP16_SPEC = FormatSpec(5, 10, 15, 65504.0, 2.0**-24)
@@ -102,14 +104,48 @@ def stochastic_round(
 
     Returns float32 values exactly representable in the target format.
     """
+    index_hash = hashed_index(tuple(x.shape), x.device)
+    key = torch.tensor(stream_key_i32(seed, step), dtype=torch.int32, device=x.device)
+    args = (x, index_hash, key, mantissa_bits, emin, max_normal)
+    if not x.is_cuda or _FUSED["off"]:
+        return _sr_core(*args)
+    try:
+        return _fused_sr_core()(*args)
+    except Exception as exc:  # pragma: no cover - depends on the GPU toolchain
+        _FUSED["off"] = True
+        warnings.warn(f"fused stochastic rounding unavailable ({type(exc).__name__}: {exc}); "
+                      "running it eagerly", stacklevel=2)
+        return _sr_core(*args)
+
+
+def _sr_core(
+    x: torch.Tensor, index_hash: torch.Tensor, key: torch.Tensor, mantissa_bits: int,
+    emin: int, max_normal: float,
+) -> torch.Tensor:
+    """Elementwise body of :func:`stochastic_round` (fusable: every step is exact,
+    and scaling by powers of two is done by two exact multiplications, never by a
+    division, so a fused GPU kernel gives the same bits)."""
     a = x.abs()
-    ulp = pow2(grid_exponent(a, emin).clamp_max(127 + mantissa_bits) - mantissa_bits)
-    v = a / ulp
+    e = grid_exponent(a, emin).clamp_max(127 + mantissa_bits)
+    shift = mantissa_bits - e  # v = a * 2**shift, shift in [-120, 133]
+    half = torch.div(shift, 2, rounding_mode="floor")
+    v = a * pow2(half) * pow2(shift - half)
     lo = torch.floor(v)
-    u = random_uniform(tuple(x.shape), seed, step, x.device)
-    q = (lo + (u < (v - lo)).to(torch.float32)) * ulp
+    u = uniform24_i32(bits_i32(index_hash, key))
+    q = (lo + (u < (v - lo)).to(torch.float32)) * pow2(e - mantissa_bits)
     q = torch.copysign(torch.clamp_max(q, max_normal), x)
     return torch.where(torch.isfinite(x), q, x)
+
+
+_FUSED: dict = {"off": False, "fn": None}
+
+
+def _fused_sr_core():
+    """:func:`_sr_core` fused by ``torch.compile`` for CUDA tensors (one pass over
+    memory instead of ~20)."""
+    if _FUSED["fn"] is None:
+        _FUSED["fn"] = torch.compile(_sr_core, dynamic=False)
+    return _FUSED["fn"]
 
 
 class _StochasticFormat(_IEEEFormat):

@@ -79,13 +79,34 @@ def _hashed_index(n: int, device: torch.device | str) -> torch.Tensor:
     return cached
 
 
-def _bits_i32(shape: tuple[int, ...], seed: int, step: int, device) -> torch.Tensor:
+def stream_key_i32(seed: int, step: int) -> int:
+    """:func:`stream_key` as a signed int32 value (same bits)."""
+    key = stream_key(seed, step)
+    return key - 2**32 if key >= 2**31 else key
+
+
+def hashed_index(shape: tuple[int, ...], device: torch.device | str) -> torch.Tensor:
+    """``lowbias32`` of every element's row-major index, as int32 bits in ``shape``
+    (cached; it depends on neither seed nor step)."""
     n = 1
     for s in shape:
         n *= s
-    key = stream_key(seed, step)
-    key_i32 = key - 2**32 if key >= 2**31 else key
-    return _lowbias32_i32(_hashed_index(n, device) ^ key_i32).reshape(shape)
+    return _hashed_index(n, device).view(shape)
+
+
+def bits_i32(index_hash: torch.Tensor, key: int | torch.Tensor) -> torch.Tensor:
+    """The 32 random bits (as int32) of each element from its hashed index and the
+    stream key: ``lowbias32(index_hash ^ key)``."""
+    return _lowbias32_i32(index_hash ^ key)
+
+
+def uniform24_i32(bits: torch.Tensor) -> torch.Tensor:
+    """:func:`uniform24` for int32 bit patterns."""
+    return ((bits >> 8) & 0xFFFFFF).to(torch.float32) * (2.0**-24)
+
+
+def _bits_i32(shape: tuple[int, ...], seed: int, step: int, device) -> torch.Tensor:
+    return bits_i32(hashed_index(shape, device), stream_key_i32(seed, step))
 
 
 def random_bits(
@@ -99,8 +120,7 @@ def random_uniform(
     shape: tuple[int, ...], seed: int, step: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """``uniform24(random_bits(shape, seed, step))`` without the int64 detour."""
-    bits = _bits_i32(shape, seed, step, device)
-    return ((bits >> 8) & 0xFFFFFF).to(torch.float32) * (2.0**-24)
+    return uniform24_i32(_bits_i32(shape, seed, step, device))
 
 
 def uniform24(bits: torch.Tensor) -> torch.Tensor:
