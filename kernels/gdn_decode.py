@@ -102,18 +102,27 @@ def _delta(S, k, v, alpha, beta):
 @triton.jit
 def _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n,
                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               R: tl.constexpr, RING: tl.constexpr):
-    """Re-run the delta rule over ring entries 0..n-1 of (slot, head) on block S."""
+               R: tl.constexpr, RP: tl.constexpr, RING: tl.constexpr):
+    """Re-run the delta rule over ring entries 0..n-1 of (slot, head) on block S.
+
+    The n entries are loaded at once (one memory round trip, not one per entry) and
+    picked out of registers entry by entry."""
     offs_k = tl.arange(0, K)
+    offs_r = tl.arange(0, RP)
+    rmask = offs_r < n
     rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
     rv = ring_v + (slot.to(tl.int64) * R * HV + h) * V
     rs = slot.to(tl.int64) * R * HV + h
+    Kr = ring_load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], rmask[:, None], RING)
+    Vr = ring_load(rv + offs_r[None, :] * (HV * V) + offs_v[:, None], rmask[None, :], RING)
+    gr = tl.load(ring_g + rs + offs_r * HV, mask=rmask, other=0.0)
+    br = tl.load(ring_b + rs + offs_r * HV, mask=rmask, other=0.0)
     for i in range(0, R):  # constant trip count (the interpreter cannot loop to a loaded n)
         if i < n:
-            ki = ring_load(rk + i * (HK * K) + offs_k, offs_k < K, RING)
-            vi = ring_load(rv + i * (HV * V) + offs_v, offs_v < V, RING)
-            gi = tl.load(ring_g + rs + i * HV)
-            bi = tl.load(ring_b + rs + i * HV)
+            ki = tl.sum(tl.where(offs_r[:, None] == i, Kr, 0.0), axis=0)
+            vi = tl.sum(tl.where(offs_r[None, :] == i, Vr, 0.0), axis=1)
+            gi = tl.sum(tl.where(offs_r == i, gr, 0.0), axis=0)
+            bi = tl.sum(tl.where(offs_r == i, br, 0.0), axis=0)
             S = _delta(S, ki, vi, tl.exp(gi), bi)
     return S
 
@@ -214,26 +223,28 @@ def _conventional_kernel(
 def _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
                 ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat, offs_v, n, seed, t,
                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BV: tl.constexpr, R: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
-                RING: tl.constexpr, FRESH: tl.constexpr):
-    """Fold the ring and this step into the decoded checkpoint block ``S``; write the
-    checkpoint (and read copy, and the fp32 state to ``fresh`` if FRESH); return the
-    step's output rows."""
+                BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr,
+                F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
+                WITH_STEP: tl.constexpr):
+    """Fold ring entries 0..n-1 (and, if WITH_STEP, this step) into the decoded
+    checkpoint block ``S``; write the checkpoint (and read copy, and the fp32 state to
+    ``fresh`` if FRESH); return the new block."""
     S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n, HK, HV, K, V, R,
-                   RING)
-    S = _delta(S, k, v, alpha, beta)
+                   RP, RING)
+    if WITH_STEP:
+        S = _delta(S, k, v, alpha, beta)
     if FRESH:
         offs_k = tl.arange(0, K)
-        tl.store(fresh + (mat * V + offs_v)[:, None] * K + offs_k[None, :], S)
+        tl.store(fresh + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], S)
     _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, t, V, BV, K, C_FMT)
     if F_FMT != K_NONE:
         _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, t, V, BV, K, F_FMT)
-    return tl.sum(S * q[None, :], axis=1)
+    return S
 
 
 @triton.jit
-def _output_body(k, v, q, g, alpha, beta, q_row, k_row, qn, kn, r_data, r_s1, r_s2, ring_k,
-                 ring_v, ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
+def _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g,
+                 ring_b, slot, h, hk, mat, pid_v, offs_v, n,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
                  RING: tl.constexpr):
@@ -251,6 +262,17 @@ def _output_body(k, v, q, g, alpha, beta, q_row, k_row, qn, kn, r_data, r_s1, r_
     return o
 
 
+@triton.jit
+def _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, row, h, hk, offs_v,
+                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 RING: tl.constexpr):
+    """Prepared q, k, v (block rows), g, beta of token row ``row`` for value head h."""
+    q, k, qn, kn = _prep_qk(q_ptr + (row * HK + hk) * K, k_ptr + (row * HK + hk) * K, K, RING)
+    v = ring_round(tl.load(v_ptr + (row * HV + h) * V + offs_v).to(tl.float32), RING)
+    g, beta = _gates(a_ptr + row * HV + h, b_ptr + row * HV + h, A_log, dt_bias, h)
+    return q, k, v, g, beta
+
+
 @triton.jit(do_not_specialize=["seed"])
 def _replay_step_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
@@ -261,11 +283,11 @@ def _replay_step_kernel(
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, MODE: tl.constexpr,
     FRESH: tl.constexpr,
 ):
-    """One decode step: an output step from the read copy + ring, or (when the ring
-    then holds L entries) a flush.  MODE 0: both branches in one launch.  Split
-    launches: MODE 2 first (flushes only; marks its slots' count -1), then MODE 1
-    (output steps; resets the marked counts to 0).  A shared design passes
-    F_FMT = FMT_NONE and the checkpoint serves the outputs."""
+    """One decode step.  MODE 0: an output step from the read copy + ring or (when
+    the ring then holds L entries) a flush, in one launch.  MODE 1: output steps only,
+    after :func:`_flush_kernel` has flushed the other slots (it leaves the counters
+    alone; this launch resets their ring).  A shared design passes F_FMT = K_NONE
+    and the checkpoint serves the outputs."""
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
     bidx = pid_bh // HV
@@ -273,58 +295,112 @@ def _replay_step_kernel(
     hk = h // (HV // HK)
     nprog = HV * (V // BV)
     slot = tl.load(state_idx + bidx)
-    n = tl.load(ring_len + tl.maximum(slot, 0))
-    is_flush = n + 1 >= L
-    run = slot >= 0
-    if MODE == 1:
-        flushed = run & (n < 0)
-        if flushed:
-            finish_slot(tickets, ring_len, steps, slot, nprog, 0, tl.load(steps + slot))
-        run = run & (n >= 0)
-    if MODE == 2:
-        run = run & is_flush
-    if run:
+    if slot >= 0:
+        n = tl.load(ring_len + slot)
         t = tl.load(steps + slot)
+        is_flush = n + 1 >= L
         offs_v = pid_v * BV + tl.arange(0, BV)
         mat = slot.to(tl.int64) * HV + h
-        q_row = q_ptr + (bidx * HK + hk) * K
-        k_row = k_ptr + (bidx * HK + hk) * K
-        q, k, qn, kn = _prep_qk(q_row, k_row, K, RING)
-        v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
-        g, beta = _gates(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
-        alpha = tl.exp(g)
         if F_FMT != K_NONE:
             r_data, r_s1, r_s2 = f_data, f_s1, f_s2
             R_FMT: tl.constexpr = F_FMT
         else:
             r_data, r_s1, r_s2 = c_data, c_s1, c_s2
             R_FMT: tl.constexpr = C_FMT
-        if MODE == 2:
-            S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
-            o = _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-                            ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat, offs_v,
-                            n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING, FRESH)
-            new_n = n * 0 - 1  # marker for the output launch that follows
-        elif MODE == 1:
-            o = _output_body(k, v, q, g, alpha, beta, q_row, k_row, qn, kn, r_data, r_s1, r_s2,
-                             ring_k, ring_v, ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v,
-                             offs_v, n, HK, HV, K, V, BV, R, RP, R_FMT, RING)
-            new_n = n + 1
-        else:
-            if is_flush:
+        if is_flush:
+            if MODE == 0:
+                q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log,
+                                                dt_bias, bidx, h, hk, offs_v, HK, HV, K, V,
+                                                RING)
                 S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
-                o = _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1,
-                                f_s2, ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat,
-                                offs_v, n, seed, t, HK, HV, K, V, BV, R, C_FMT, F_FMT, RING,
-                                FRESH)
-                new_n = n * 0
-            else:
-                o = _output_body(k, v, q, g, alpha, beta, q_row, k_row, qn, kn, r_data, r_s1,
-                                 r_s2, ring_k, ring_v, ring_d, ring_g, ring_b, slot, h, hk, mat,
-                                 pid_v, offs_v, n, HK, HV, K, V, BV, R, RP, R_FMT, RING)
-                new_n = n + 1
-        tl.store(out + (bidx * HV + h) * V + offs_v, o)
-        finish_slot(tickets, ring_len, steps, slot, nprog, new_n, t + 1)
+                S = _flush_body(S, k, v, q, tl.exp(g), beta, c_data, c_s1, c_s2, f_data,
+                                f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, fresh, slot, h,
+                                hk, mat, offs_v, n, seed, t, HK, HV, K, V, BV, R, RP, C_FMT,
+                                F_FMT, RING, FRESH, True)
+                tl.store(out + (bidx * HV + h) * V + offs_v, tl.sum(S * q[None, :], axis=1))
+            finish_slot(tickets, ring_len, steps, slot, nprog, 0, t + 1)
+        else:
+            q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias,
+                                            bidx, h, hk, offs_v, HK, HV, K, V, RING)
+            o = _output_body(k, v, q, g, tl.exp(g), beta, r_data, r_s1, r_s2, ring_k, ring_v,
+                             ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
+                             HK, HV, K, V, BV, R, RP, R_FMT, RING)
+            tl.store(out + (bidx * HV + h) * V + offs_v, o)
+            finish_slot(tickets, ring_len, steps, slot, nprog, n + 1, t + 1)
+
+
+@triton.jit(do_not_specialize=["seed", "B"])
+def _flush_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, accepted, out,
+    c_data, c_s1, c_s2, f_data, f_s1, f_s2,
+    ring_k, ring_v, ring_g, ring_b, ring_len, steps, fresh, seed, B,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr,
+    C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
+    COMMIT: tl.constexpr,
+):
+    """Persistent flush launch: every program reads the ring counts of all B sequences
+    (one vector load), enumerates the (flushing sequence, head, row block) units and
+    takes every G-th one; with nothing to flush it returns at once.  A step flush
+    (COMMIT 0: ring + this step, L entries) writes the step's output; a commit flush
+    (COMMIT 1: ring_len + accepted >= L committed entries) writes none.  No counter
+    is written here: the launch that follows advances them."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    offs_b = tl.arange(0, BP)
+    sl = tl.load(state_idx + offs_b, mask=offs_b < B, other=-1)
+    nb = tl.load(ring_len + tl.maximum(sl, 0), mask=sl >= 0, other=0)
+    if COMMIT:
+        nb += tl.load(accepted + offs_b, mask=offs_b < B, other=0)
+        flag = (sl >= 0) & (nb >= L)
+    else:
+        flag = (sl >= 0) & (nb + 1 >= L)
+    fl = flag.to(tl.int32)
+    cum = tl.cumsum(fl, axis=0)
+    NVB: tl.constexpr = V // BV
+    units = tl.sum(fl, axis=0) * (HV * NVB)
+    u = pid
+    while u < units:
+        j = u // (HV * NVB)
+        h = (u // NVB) % HV
+        pid_v = u % NVB
+        bidx = tl.sum(tl.where(flag & (cum == j + 1), offs_b, 0), axis=0)
+        hk = h // (HV // HK)
+        slot = tl.load(state_idx + bidx)
+        n = tl.load(ring_len + slot)
+        t = tl.load(steps + slot)
+        offs_v = pid_v * BV + tl.arange(0, BV)
+        mat = slot.to(tl.int64) * HV + h
+        S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
+        if COMMIT:
+            n_acc = tl.load(accepted + bidx)
+            _flush_body(S, S, S, S, 0.0, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
+                        ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat, offs_v,
+                        n + n_acc, seed, t + n_acc - 1, HK, HV, K, V, BV, R, RP, C_FMT, F_FMT,
+                        RING, FRESH, False)
+        else:
+            q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias,
+                                            bidx, h, hk, offs_v, HK, HV, K, V, RING)
+            S = _flush_body(S, k, v, q, tl.exp(g), beta, c_data, c_s1, c_s2, f_data, f_s1,
+                            f_s2, ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat,
+                            offs_v, n, seed, t, HK, HV, K, V, BV, R, RP, C_FMT, F_FMT, RING,
+                            FRESH, True)
+            tl.store(out + (bidx * HV + h) * V + offs_v, tl.sum(S * q[None, :], axis=1))
+        u += G
+
+
+@triton.jit
+def _commit_counters(accepted, state_idx, ring_len, steps, B, L: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """After a commit flush: ring_len += accepted (0 where it reached L); steps too."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    sl = tl.load(state_idx + offs, mask=offs < B, other=-1)
+    ok = sl >= 0
+    s = tl.maximum(sl, 0)
+    acc = tl.load(accepted + offs, mask=ok, other=0)
+    m = tl.load(ring_len + s, mask=ok, other=0) + acc
+    tl.store(ring_len + s, tl.where(m >= L, 0, m), mask=ok)
+    tl.store(steps + s, tl.load(steps + s, mask=ok, other=0) + acc, mask=ok)
 
 
 @triton.jit
@@ -336,7 +412,8 @@ def _verify_kernel(
     R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
 ):
     """Outputs of T draft steps from the read copy + committed ring entries; drafts
-    are written to the ring behind the commit pointer (no counter changes)."""
+    are written to the ring behind the commit pointer (no counter changes).  The copy's
+    block is re-read per draft (from L1/L2 after the first)."""
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
     bidx = pid_bh // HV
@@ -349,7 +426,7 @@ def _verify_kernel(
         offs_k = tl.arange(0, K)
         offs_r = tl.arange(0, RP)
         offs_t = tl.arange(0, TP)
-        S = _load(r_data, r_s1, r_s2, slot.to(tl.int64) * HV + h, offs_v, V, BV, K, FMT)
+        mat = slot.to(tl.int64) * HV + h
         rmask = offs_r < n
         rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
         rd = ring_d + (slot.to(tl.int64) * R * HV + h) * V
@@ -362,24 +439,19 @@ def _verify_kernel(
         Dd = tl.zeros((BV, TP), dtype=tl.float32)
         Kd = tl.zeros((TP, K), dtype=tl.float32)
         cumd = tl.zeros((TP,), dtype=tl.float32)
-        for j in tl.static_range(T):
+        for j in range(0, T):  # a loop, not unrolled: one draft's registers at a time
             bj = bidx * T + j
-            q, k, qn, kn = _prep_qk(q_ptr + (bj * HK + hk) * K, k_ptr + (bj * HK + hk) * K, K, RING)
-            v = ring_round(tl.load(v_ptr + (bj * HV + h) * V + offs_v).to(tl.float32), RING)
-            g, beta = _gates(a_ptr + bj * HV + h, b_ptr + bj * HV + h, A_log, dt_bias, h)
+            q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias,
+                                            bj, h, hk, offs_v, HK, HV, K, V, RING)
             alpha = tl.exp(g)
+            Sk, Sq = read_dots(r_data, r_s1, r_s2, mat, offs_v, k, q, V, K, BV, FMT)
             w = tl.where(rmask, tl.exp(G - cum), 0.0)
-            wk = w * tl.sum(kr * k[None, :], axis=1)
-            wq = w * tl.sum(kr * q[None, :], axis=1)
             eG = tl.exp(G)
-            Sk = eG * tl.sum(S * k[None, :], axis=1) + tl.sum(dr * wk[None, :], axis=1)
-            Sq = eG * tl.sum(S * q[None, :], axis=1) + tl.sum(dr * wq[None, :], axis=1)
-            if j > 0:
-                wd = tl.where(offs_t < j, tl.exp(G - cumd), 0.0)
-                wdk = wd * tl.sum(Kd * k[None, :], axis=1)
-                wdq = wd * tl.sum(Kd * q[None, :], axis=1)
-                Sk += tl.sum(Dd * wdk[None, :], axis=1)
-                Sq += tl.sum(Dd * wdq[None, :], axis=1)
+            Sk = eG * Sk + tl.sum(dr * (w * tl.sum(kr * k[None, :], axis=1))[None, :], axis=1)
+            Sq = eG * Sq + tl.sum(dr * (w * tl.sum(kr * q[None, :], axis=1))[None, :], axis=1)
+            wd = tl.where(offs_t < j, tl.exp(G - cumd), 0.0)  # earlier drafts
+            Sk += tl.sum(Dd * (wd * tl.sum(Kd * k[None, :], axis=1))[None, :], axis=1)
+            Sq += tl.sum(Dd * (wd * tl.sum(Kd * q[None, :], axis=1))[None, :], axis=1)
             d = beta * (v - alpha * Sk)
             o = alpha * Sq + d * tl.sum(k * q, axis=0)
             dq = ring_round(d, RING)
@@ -393,42 +465,6 @@ def _verify_kernel(
             Kd = tl.where(offs_t[:, None] == j, k[None, :], Kd)
             G = G + g
             cumd = tl.where(offs_t == j, G, cumd)
-
-
-@triton.jit(do_not_specialize=["seed"])
-def _commit_kernel(
-    accepted, state_idx, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_g, ring_b, ring_len, steps, tickets, seed,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    L: tl.constexpr, R: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
-    RING: tl.constexpr,
-):
-    """Advance the commit pointer by the accepted drafts; fold the ring into the
-    checkpoint (and read copy) once it holds L or more committed entries."""
-    pid_v = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    bidx = pid_bh // HV
-    h = pid_bh % HV
-    hk = h // (HV // HK)
-    slot = tl.load(state_idx + bidx)
-    if slot >= 0:
-        n_acc = tl.load(accepted + bidx)
-        n = tl.load(ring_len + slot)
-        t = tl.load(steps + slot)
-        m = n + n_acc
-        new_n = m
-        if m >= L:
-            offs_v = pid_v * BV + tl.arange(0, BV)
-            mat = slot.to(tl.int64) * HV + h
-            S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
-            S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, m,
-                           HK, HV, K, V, R, RING)
-            ts = t + n_acc - 1
-            _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, ts, V, BV, K, C_FMT)
-            if F_FMT != K_NONE:
-                _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, ts, V, BV, K, F_FMT)
-            new_n = m * 0
-        finish_slot(tickets, ring_len, steps, slot, HV * (V // BV), new_n, t + n_acc)
 
 
 # ------------------------------------------------------------------------- host
@@ -544,10 +580,11 @@ class GDNReplayCache:
     outputs read the checkpoint).  ``window`` is L; ``drafts`` the largest number of
     speculative drafts verified at once (the ring holds L - 1 + drafts entries).
     ``launch``: "fused" (one launch per step, branching per slot on its ring count)
-    or "split" (a flush launch then an output launch, each skipping the other's slots;
-    the output launch then has the output path's smaller register footprint and its
-    own block ``out_block_v`` / ``out_num_warps``).  ``block_v`` / ``num_warps`` are the
-    fused kernel's (and the flush launch's, verify's and commit's) configuration.
+    or "split" (a persistent flush launch that returns at once where no slot flushes,
+    then an output launch with the output path's smaller register footprint and its
+    own block ``out_block_v`` / ``out_num_warps``); verify has ``verify_block_v`` /
+    ``verify_num_warps``.
+    ``block_v`` / ``num_warps`` configure the fused kernel and the flush launches.
     """
 
     def __init__(
@@ -557,6 +594,7 @@ class GDNReplayCache:
         device: torch.device | str = "cuda", batch_hint: int | None = None,
         block_v: int | None = None, num_warps: int | None = None, launch: str = "fused",
         out_block_v: int | None = None, out_num_warps: int | None = None,
+        verify_block_v: int | None = None, verify_num_warps: int | None = None,
         keep_fresh: bool = False,
     ):
         if window < 1:
@@ -580,7 +618,9 @@ class GDNReplayCache:
             raise ValueError("an nvfp4 copy needs block_v == V")
         obv, onw = default_config(batch_hint or slots, v_heads, V, K, False)
         self.out_BV, self.out_num_warps = out_block_v or obv, out_num_warps or onw
-        for bv_ in (self.BV, self.out_BV):
+        self.verify_BV = verify_block_v or min(V, 32)
+        self.verify_num_warps = verify_num_warps or 4
+        for bv_ in (self.BV, self.out_BV, self.verify_BV):
             if V % bv_:
                 raise ValueError(f"block_v {bv_} does not divide V = {V}")
         R, rdt = self.R, _RING_STORAGE[ring_dtype]
@@ -590,6 +630,10 @@ class GDNReplayCache:
         self.ring_g = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
         self.ring_beta = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
         self.counters = SlotCounters(slots, device)
+        dev = torch.device(device)
+        self.n_sm = (torch.cuda.get_device_properties(dev).multi_processor_count
+                     if dev.type == "cuda" else 2)
+        self.flush_ctas_per_sm = 4
         self.fresh = (torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh
                       else None)
         """fp32 state of each slot's last flush (``keep_fresh=True``), for inspection."""
@@ -642,16 +686,32 @@ class GDNReplayCache:
         tail = (self.L, self.R, self.RP, c.fmt_id, f_id, self.ring_id)
         fresh = self.fresh is not None
         heads = (self.HK, self.HV, self.K, self.V)
-        grid = (self.V // self.BV, B * self.HV)
         if self.launch == "fused":
-            _replay_step_kernel[grid](*args, *heads, self.BV, *tail, 0, fresh,
-                                      num_warps=self.num_warps)
+            _replay_step_kernel[(self.V // self.BV, B * self.HV)](
+                *args, *heads, self.BV, *tail, 0, fresh, num_warps=self.num_warps)
         else:
-            _replay_step_kernel[grid](*args, *heads, self.BV, *tail, 2, fresh,
-                                      num_warps=self.num_warps)
+            self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices, out,
+                        commit=False)
             _replay_step_kernel[(self.V // self.out_BV, B * self.HV)](
                 *args, *heads, self.out_BV, *tail, 1, fresh, num_warps=self.out_num_warps)
         return out
+
+    def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, commit: bool
+               ) -> None:
+        """The persistent flush launch (returns at once where nothing flushes)."""
+        B = state_indices.shape[0]
+        c, fargs, f_id = self._copies()
+        units = B * self.HV * (self.V // self.BV)
+        grid = (max(1, min(units, self.n_sm * self.flush_ctas_per_sm)),)
+        _flush_kernel[grid](
+            q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, *c.kernel_args(),
+            *fargs, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
+            self.counters.ring_len, self.counters.steps,
+            self.fresh if self.fresh is not None else self.ring_g, as_int32(self.seed), B,
+            self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R, self.RP,
+            _pow2_at_least(B, 256), c.fmt_id, f_id, self.ring_id, self.fresh is not None,
+            commit, num_warps=self.num_warps,
+        )
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
         """Outputs of T drafts per sequence: q, k (B, T, HK, K), v (B, T, HV, V),
@@ -663,27 +723,27 @@ class GDNReplayCache:
         if out is None:
             out = torch.empty((B, T, self.HV, self.V), dtype=torch.float32, device=q.device)
         r = self.read if self.read is not None else self.ckpt
-        _verify_kernel[(self.V // self.BV, B * self.HV)](
+        _verify_kernel[(self.V // self.verify_BV, B * self.HV)](
             q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
             A_log, dt_bias, state_indices, out, *r.kernel_args(),
             self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
             self.counters.ring_len, T, _pow2_at_least(T), self.HK, self.HV, self.K, self.V,
-            self.BV, self.R, self.RP, r.fmt_id, self.ring_id, num_warps=self.num_warps,
+            self.verify_BV, self.R, self.RP, r.fmt_id, self.ring_id,
+            num_warps=self.verify_num_warps,
         )
         return out
 
     def commit(self, accepted: torch.Tensor, state_indices: torch.Tensor) -> None:
         """Advance each sequence's commit pointer by ``accepted`` (B,) int32 drafts;
         slots holding L or more committed entries are flushed (SR step = the slot's
-        step counter of its last committed draft)."""
+        step counter of its last committed draft).  Two launches: the persistent flush
+        (returns at once where nothing flushes) and the counter update."""
         B = accepted.shape[0]
-        c, fargs, f_id = self._copies()
-        _commit_kernel[(self.V // self.BV, B * self.HV)](
-            accepted, state_indices, *c.kernel_args(), *fargs,
-            self.ring_k, self.ring_v, self.ring_g, self.ring_beta, *self.counters.args(),
-            as_int32(self.seed), self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R,
-            c.fmt_id, f_id, self.ring_id, num_warps=self.num_warps,
-        )
+        d = self.ring_g  # unused input pointers of a commit flush
+        self._flush(d, d, d, d, d, d, d, state_indices, accepted, d, commit=True)
+        _commit_counters[(triton.cdiv(B, 256),)](
+            accepted, state_indices, self.counters.ring_len, self.counters.steps, B, self.L,
+            256)
 
     def nbytes(self) -> dict[str, int]:
         """Bytes of the checkpoint, read copy and ring."""

@@ -251,7 +251,7 @@ def time_verify(s: Shape, clock: Clock, T: int, L: int, cfg: dict | None = None
     commit accepts nothing (no flush), so every replay sees the same state."""
     from precisionlab.kernels.gdn_decode import GDNReplayCache
 
-    cfg = {k: v for k, v in (cfg or {}).items() if k in ("block_v", "num_warps")}
+    cfg = {k: v for k, v in (cfg or {}).items() if k in ("verify_block_v", "verify_num_warps")}
     x = _inputs(s, clock.device, T=T)
     cache = GDNReplayCache(s.batch, s.HK, s.HV, s.K, s.V, window=L, checkpoint="fp32",
                            drafts=T, device=clock.device, **cfg)

