@@ -1,14 +1,15 @@
 """GPU benchmark of the fused Gated DeltaNet decode kernels against fla.
 
 Usage:
-  python benchmarks/bench_gdn.py [--phase sweep,bench] [--out DIR] [--models M ...]
+  python benchmarks/bench_gdn.py [--phase warm,sweep,bench] [--out DIR] [--models M ...]
       [--batches 1 64 256] [--windows 16] [--extra-windows 4 8 32]
 
-``sweep`` times launch configurations (block of V rows, warps, fused vs split
-launch) at batch 256 and batch 1 of the first model and keeps the fastest per
-variant; ``bench`` runs ``precisionlab.studies.bench_gdn.bench_gdn`` with them and
-prints the table (us per step, effective TB/s, fraction of the bandwidth roofline,
-speed-up over fla).  JSON results go to ``--out``.
+``warm`` compiles every kernel configuration the run needs in parallel processes
+(Triton's disk cache), ``sweep`` times a few launch-configuration alternatives at
+batch 256 of the first model and keeps the fastest per variant; ``bench`` runs
+``precisionlab.studies.bench_gdn.bench_gdn`` with them and prints the table (us per
+step, effective TB/s, fraction of the bandwidth roofline, speed-up over fla).  JSON
+results go to ``--out``.
 """
 
 from __future__ import annotations
@@ -20,71 +21,121 @@ import os
 import sys
 import time
 
-SWEEP_256 = {
-    "conventional": [{"block_v": 8, "num_warps": 1}, {"block_v": 16, "num_warps": 2},
-                     {"block_v": 32, "num_warps": 4}, {"block_v": 64, "num_warps": 8}],
-    "replay-fp32": [{"launch": "fused", "block_v": 64, "num_warps": 8},
-                    {"launch": "split", "out_block_v": 64, "out_num_warps": 8},
-                    {"launch": "split", "out_block_v": 64, "out_num_warps": 4},
-                    {"launch": "split", "out_block_v": 128, "out_num_warps": 8}],
-    "split-fp32-fp8": [{"launch": "fused", "block_v": 64, "num_warps": 8},
-                       {"launch": "split", "out_block_v": 64, "out_num_warps": 4},
-                       {"launch": "split", "out_block_v": 128, "out_num_warps": 8},
-                       {"launch": "split", "out_block_v": 128, "out_num_warps": 4}],
-    "split-fp16sr-nvfp4": [{"launch": "fused"},
-                           {"launch": "split", "out_block_v": 128, "out_num_warps": 8},
-                           {"launch": "split", "out_block_v": 128, "out_num_warps": 4},
-                           {"launch": "split", "out_block_v": 64, "out_num_warps": 4}],
-    "verify-T4": [{"block_v": 64, "num_warps": 8}, {"block_v": 32, "num_warps": 4}],
+# Launch configurations: batch 1 favours one fused launch of small blocks (or, for an
+# nvfp4 copy whose flush needs whole matrices, a small output block); large batches a
+# persistent flush launch plus an output launch of moderate blocks.
+SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
+         "replay-fp32": {"launch": "fused", "block_v": 16, "num_warps": 2},
+         "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 2},
+         "split-fp16sr-nvfp4": {"launch": "split", "out_block_v": 16, "out_num_warps": 1},
+         "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2}}
+LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
+         "replay-fp32": {"launch": "split", "block_v": 32, "num_warps": 4,
+                         "out_block_v": 64, "out_num_warps": 4},
+         "split-fp32-fp8": {"launch": "split", "block_v": 32, "num_warps": 4,
+                            "out_block_v": 128, "out_num_warps": 4},
+         "split-fp16sr-nvfp4": {"launch": "split", "out_block_v": 64, "out_num_warps": 4},
+         "verify-T4": {"verify_block_v": 32, "verify_num_warps": 4}}
+# alternatives tried at (first model, batch 256, first window); the fastest is kept
+SWEEP = {
+    "replay-fp32": [{"out_block_v": 32, "out_num_warps": 4}, {"out_block_v": 128,
+                                                              "out_num_warps": 4},
+                    {"block_v": 64, "num_warps": 4}],
+    "split-fp32-fp8": [{"out_block_v": 64, "out_num_warps": 4},
+                       {"out_block_v": 128, "out_num_warps": 8}],
+    "split-fp16sr-nvfp4": [{"out_block_v": 128, "out_num_warps": 4},
+                           {"out_block_v": 32, "out_num_warps": 2}],
+    "verify-T4": [{"verify_block_v": 16, "verify_num_warps": 2},
+                  {"verify_block_v": 64, "verify_num_warps": 8}],
 }
-SWEEP_1 = {
-    "conventional": [{"block_v": 8, "num_warps": 1}, {"block_v": 16, "num_warps": 1},
-                     {"block_v": 16, "num_warps": 2}],
-    "replay-fp32": [{"launch": "fused", "block_v": 16, "num_warps": 2},
-                    {"launch": "split", "out_block_v": 8, "out_num_warps": 1},
-                    {"launch": "split", "out_block_v": 16, "out_num_warps": 2}],
-}
-TUNABLE = ("block_v", "num_warps", "out_block_v", "out_num_warps", "launch")
 
 
-def best(rows: list[dict]) -> dict:
-    ok = [r for r in rows if "error" not in r and math.isfinite(r["us_per_step"])]
-    if not ok:
-        return {}
-    r = min(ok, key=lambda r: r["us_per_step"])
-    return {k: v for k, v in r.items() if k in TUNABLE}
+def configs_for(batches, overrides=None) -> dict:
+    """``{(variant, batch): config}`` from SMALL / LARGE and sweep overrides."""
+    out = {}
+    for b in batches:
+        for v in LARGE:
+            base = SMALL[v] if b < 16 else LARGE[v]
+            out[(v, b)] = {**base, **((overrides or {}).get(v, {}) if b >= 16 else {})}
+    return out
 
 
-def sweep(model: str, out: str, window: int) -> dict:
+def _job(job: tuple) -> str:
+    """Warm-up worker: run one benchmark configuration once (compiles its kernels)."""
+    import torch
+    from precisionlab.studies import bench_gdn as bg
+
+    kind, model, batch, window, variant, cfg = job
+    try:
+        clock = bg.Clock(torch.device("cuda"), reps=1)
+        s = bg.shape_of(model, batch)
+        if variant == "fla":
+            bg.time_fla(s, clock)
+        elif variant == "conventional":
+            bg.time_conventional(s, clock, cfg)
+        elif variant.startswith("verify-T"):
+            bg.time_verify(s, clock, int(variant[8:]), window, cfg)
+        else:
+            ckpt, read = bg.DESIGNS[variant]
+            bg.time_replay(s, clock, ckpt, read, window, 1, cfg)
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - reported, the timed run will fail loudly
+        return f"{job}: {type(e).__name__}: {e}"[:300]
+
+
+def warm(jobs: list[tuple], workers: int) -> None:
+    """Compile every kernel the run needs in parallel processes (shared disk cache)."""
+    import multiprocessing as mp
+
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        res = pool.map(_job, jobs, chunksize=1)
+    bad = [r for r in res if r != "ok"]
+    print(f"warm: {len(jobs)} jobs, {workers} workers, {time.time() - t0:.1f}s, "
+          f"{len(bad)} failed", *bad[:5], sep="\n  ")
+
+
+def plan(models, batches, windows, extra_windows, extra_models) -> list[tuple]:
+    jobs = []
+    for m in models:
+        for b in batches:
+            wins = list(windows)
+            if b == 256 and (not extra_models or m in extra_models):
+                wins += list(extra_windows)
+            cfgs = configs_for([b])
+            jobs.append(("fla", m, b, 16, "fla", {}))
+            for v in LARGE:
+                base = cfgs[(v, b)]
+                alts = [base] + ([{**base, **o} for o in SWEEP.get(v, [])] if b >= 16 else [])
+                for cfg in alts:
+                    for w in (wins if v not in ("conventional",) else wins[:1]):
+                        if v.startswith("verify") and w not in windows:
+                            continue
+                        jobs.append(("bench", m, b, w, v, cfg))
+    return jobs
+
+
+def sweep(model: str, window: int, out: str) -> dict:
+    """Time the SWEEP alternatives at batch 256; returns per-variant overrides."""
     from precisionlab.studies.bench_gdn import sweep_configs
 
-    configs: dict = {}
-    log = {}
-    for batch, table in ((256, SWEEP_256), (1, SWEEP_1)):
-        for variant, cands in table.items():
-            t0 = time.time()
-            rows = sweep_configs(model, batch, window, variant, cands)
-            log[f"{variant}@{batch}"] = rows
-            pick = best(rows)
-            print(f"sweep {variant:20s} b={batch:<4d} {time.time() - t0:5.1f}s best {pick}")
-            for r in rows:
-                print("   ", {k: round(v, 2) if isinstance(v, float) else v
-                              for k, v in r.items()})
-            configs[(variant, batch)] = pick
-    for variant in ("split-fp32-fp8", "split-fp16sr-nvfp4", "verify-T4"):
-        small = dict(configs.get(("replay-fp32", 1), {}))
-        if variant == "verify-T4":
-            small = {}
-        elif small.get("launch") == "fused":
-            small = {}
-        configs[(variant, 1)] = small
-    for (variant, batch), cfg in list(configs.items()):
-        if batch == 256:
-            configs[(variant, 64)] = cfg
+    over, log = {}, {}
+    for variant, alts in SWEEP.items():
+        base = LARGE[variant]
+        cands = [base] + [{**base, **o} for o in alts]
+        rows = sweep_configs(model, 256, window, variant, cands, rounds=2, reps=10)
+        log[variant] = rows
+        ok = [r for r in rows if "error" not in r]
+        if ok:
+            bestr = min(ok, key=lambda r: r["us_per_step"])
+            over[variant] = {k: v for k, v in bestr.items()
+                             if k not in ("us_per_step", "us_output", "us_flush", "us_commit")}
+        print(f"sweep {variant}:")
+        for r in rows:
+            print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()})
     with open(os.path.join(out, "gdn_sweep.json"), "w") as f:
-        json.dump({"rows": log, "configs": {f"{v}@{b}": c for (v, b), c in configs.items()}},
-                  f, indent=1)
-    return configs
+        json.dump({"rows": log, "picked": over}, f, indent=1)
+    return over
 
 
 def table(ds) -> str:
@@ -116,26 +167,24 @@ def table(ds) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phase", default="sweep,bench")
+    ap.add_argument("--phase", default="warm,sweep,bench")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--models", nargs="+", default=["qwen3.5-4b", "qwen3.5-122b"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 64, 256])
     ap.add_argument("--windows", nargs="+", type=int, default=[16])
     ap.add_argument("--extra-windows", nargs="+", type=int, default=[4, 8, 32])
-    ap.add_argument("--configs", default=None, help="JSON file of configs (from a sweep)")
-    ap.add_argument("--device", default="cuda")
     ap.add_argument("--extra-models", nargs="*", default=None,
                     help="models that also run the extra windows (default: all)")
+    ap.add_argument("--workers", type=int, default=10)
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     phases = args.phase.split(",")
-    configs: dict = {}
-    if args.configs:
-        with open(args.configs) as f:
-            raw = json.load(f)["configs"]
-        configs = {(k.split("@")[0], int(k.split("@")[1])): v for k, v in raw.items()}
-    if "sweep" in phases:
-        configs = sweep(args.models[0], args.out, args.windows[0])
+    if "warm" in phases:
+        warm(plan(args.models, args.batches, args.windows, args.extra_windows,
+                  args.extra_models), args.workers)
+    over = sweep(args.models[0], args.windows[0], args.out) if "sweep" in phases else {}
+    configs = configs_for(args.batches, over)
     if "bench" in phases:
         from precisionlab.studies.bench_gdn import bench_gdn
 
@@ -148,8 +197,7 @@ def main() -> None:
 
         ds = bench_gdn(args.models, args.batches, args.windows,
                        extra_windows=args.extra_windows, extra_models=args.extra_models,
-                       configs=configs, on_result=on_result,
-                       device=args.device)
+                       configs=configs, on_result=on_result, device=args.device)
         stream.close()
         print(f"bench: {time.time() - t0:.1f}s", dict(ds.attrs))
         print(table(ds))
