@@ -27,7 +27,7 @@ from precisionlab.models import (  # noqa: E402
     prompt_ids,
     synthetic_model,
 )
-from precisionlab.models.runtime import rows  # noqa: E402
+from precisionlab.models.runtime import CACHE_KWARGS, rows  # noqa: E402
 from precisionlab.models.synthetic import (  # noqa: E402
     ARCHITECTURES,
     build_config,
@@ -100,14 +100,18 @@ def _tiny_vocab(path) -> int:
 
 def _native_decode(model, ids, steps):
     """transformers' own greedy decode: the tokens fed and the logits of each step."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    kw = next(k for k in CACHE_KWARGS if k in params)
     cache = transformers.DynamicCache(config=model.config)
     with torch.inference_mode():
-        logits = model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
+        logits = model(input_ids=ids, use_cache=True, **{kw: cache}).logits[:, -1]
         tokens, out = [], []
         for _ in range(steps):
             tok = logits.argmax(-1)
             tokens.append(tok)
-            logits = model(input_ids=tok[:, None], cache=cache, use_cache=True).logits[:, -1]
+            logits = model(input_ids=tok[:, None], use_cache=True, **{kw: cache}).logits[:, -1]
             out.append(logits.float())
     return tokens, out
 

@@ -41,8 +41,8 @@ def _apply_mask(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return (t * mask[:, :, None]).to(t.dtype)
 
 
-def _conv_update(mixer: nn.Module, xbc: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
-    """One causal-conv step (``xbc`` is (batch, channels, 1)); updates ``conv_state`` in
+def _conv_update(mixer: nn.Module, xbc: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """One causal-conv step (``xbc`` is (batch, channels, 1)); updates ``state`` in
     place.  Uses the modeling module's ``causal_conv1d_update`` (the function the
     mixer itself calls, including an installed fused kernel)."""
     fn = getattr(sys.modules.get(type(mixer).__module__), "causal_conv1d_update", None)
@@ -50,7 +50,24 @@ def _conv_update(mixer: nn.Module, xbc: torch.Tensor, conv_state: torch.Tensor) 
         raise ModelError(f"{type(mixer).__module__} has no causal_conv1d_update; "
                          "this transformers version is not supported")
     weight = mixer.conv1d.weight.squeeze(1)
-    return fn(xbc, conv_state, weight, mixer.conv1d.bias, activation=mixer.activation)
+    return fn(xbc, state, weight, mixer.conv1d.bias, activation=mixer.activation)
+
+
+def conv_state(cache: Any, layer_idx: int) -> torch.Tensor | None:
+    """The layer's conv state in a transformers cache (5.x APIs before and after
+    ``Cache.get_conv_state``)."""
+    get = getattr(cache, "get_conv_state", None)
+    if get is not None:
+        return get(layer_idx)
+    return cache.layers[layer_idx].conv_states[0]
+
+
+def recurrent_state(cache: Any, layer_idx: int) -> torch.Tensor | None:
+    """The layer's recurrent (SSM) state in a transformers cache."""
+    get = getattr(cache, "get_recurrent_state", None)
+    if get is not None:
+        return get(layer_idx)
+    return cache.layers[layer_idx].recurrent_states[0]
 
 
 class MixerAdapter:
@@ -111,8 +128,8 @@ class Mamba2Adapter(MixerAdapter):
         H, P, N, G = mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups
         proj = mixer.in_proj(_apply_mask(hidden_states, mask))
         gate, xbc, dt = proj.split([mixer.intermediate_size, mixer.conv_dim, H], dim=-1)
-        conv_state = cache.get_conv_state(mixer.layer_idx)
-        xbc = _conv_update(mixer, xbc.transpose(1, 2), conv_state).transpose(1, 2)
+        state = conv_state(cache, mixer.layer_idx)
+        xbc = _conv_update(mixer, xbc.transpose(1, 2), state).transpose(1, 2)
         xbc = _apply_mask(xbc, mask)
         x, B, C = torch.split(xbc, [mixer.intermediate_size, G * N, G * N], dim=-1)
         raw = {"x": x.reshape(b, H, P), "dt_raw": dt.reshape(b, H),
@@ -149,8 +166,8 @@ class GDNAdapter(MixerAdapter):
     def inputs(self, mixer, hidden_states, cache, mask):
         bsz = hidden_states.shape[0]
         qkv, z, b, a = self._projections(mixer, _apply_mask(hidden_states, mask))
-        conv_state = cache.get_conv_state(mixer.layer_idx)
-        qkv = _conv_update(mixer, qkv.transpose(1, 2), conv_state).transpose(1, 2)
+        state = conv_state(cache, mixer.layer_idx)
+        qkv = _conv_update(mixer, qkv.transpose(1, 2), state).transpose(1, 2)
         q, k, v = torch.split(qkv, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
         Hk, K, Hv, V = mixer.num_k_heads, mixer.head_k_dim, mixer.num_v_heads, mixer.head_v_dim
         raw = {"q": q.reshape(bsz, Hk, K), "k": k.reshape(bsz, Hk, K), "v": v.reshape(bsz, Hv, V),

@@ -46,6 +46,7 @@ the torch backend only (the Triton kernels are not used here).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -53,8 +54,10 @@ import torch
 
 from ..designs import Design, TorchDesignRunner
 from ..kinds import LayerKind, kind_for, ring_dtype_of
-from .adapters import MixerAdapter, ModelError
+from .adapters import MixerAdapter, ModelError, recurrent_state
 from .loading import HybridModel
+
+CACHE_KWARGS = ("cache", "past_key_values", "cache_params")  # transformers 5.x spellings
 
 
 def rows(inp: Any, sl: slice) -> Any:
@@ -118,6 +121,8 @@ class DesignDecode:
                              f"{', '.join(map(str, hm.ssm_layers))}")
         self.t = -1
         self.cache = None
+        params = inspect.signature(hm.model.forward).parameters
+        self._cache_kw = next((k for k in CACHE_KWARGS if k in params), "past_key_values")
         self.layers: dict[int, _LayerRun] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self._out: list[list[torch.Tensor]] = []
@@ -137,7 +142,7 @@ class DesignDecode:
     def _wrap(self, idx: int, orig):
         def forward(*args, **kwargs):
             hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            cache = kwargs.get("cache", kwargs.get("cache_params"))
+            cache = next((kwargs[k] for k in CACHE_KWARGS if kwargs.get(k) is not None), None)
             if cache is None and len(args) > 1:
                 cache = args[1]
             mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
@@ -171,7 +176,7 @@ class DesignDecode:
 
     # --- decoding ------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        out = self.hm.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
+        out = self.hm.model(input_ids=ids, use_cache=True, **{self._cache_kw: self.cache}, **kwargs)
         return out.logits[:, -1].float()
 
     @torch.inference_mode()
@@ -189,7 +194,7 @@ class DesignDecode:
         self.cache.reorder_cache(torch.arange(self.batch, device=self.hm.device)
                                  .repeat(self.groups))
         for idx in self.hm.ssm_layers:
-            S = self.cache.get_recurrent_state(idx)
+            S = recurrent_state(self.cache, idx)
             if S is None:
                 raise ModelError(f"layer {idx} kept no recurrent state after the prompt")
             S0 = self.hm.adapter(idx).state_to_engine(S).float().contiguous()

@@ -188,11 +188,21 @@ def _model_class(config):
 
 @torch.no_grad()
 def init_weights_(model: nn.Module, preset: Preset, seed: int = 0) -> None:
-    """Overwrite ``model``'s weights with seeded trained-like values (module docstring)."""
+    """Overwrite ``model``'s linear, embedding, conv and SSM weights with seeded
+    trained-like values (module docstring); each is flagged ``_is_hf_initialized`` so
+    transformers' own initialisation leaves it alone."""
     gen = torch.Generator().manual_seed(seed)
 
+    def set_(p: torch.Tensor, value: torch.Tensor | float) -> None:
+        if isinstance(value, torch.Tensor):
+            p.copy_(value)
+        else:
+            p.fill_(value)
+        p._is_hf_initialized = True
+
     def normal_(p: torch.Tensor, std: float) -> None:
-        p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std))
+        p.normal_(0.0, std, generator=gen)
+        p._is_hf_initialized = True
 
     ssm_count = 0
     out_emb = model.get_output_embeddings()
@@ -206,16 +216,18 @@ def init_weights_(model: nn.Module, preset: Preset, seed: int = 0) -> None:
             params = SyntheticTrace(preset, steps=1, batch=1, seed=layer_seed,
                                     dynamics="trained").params
             if adapter.kind == "mamba2":
-                module.A_log.copy_(torch.log(-params["A"]).float())
-                module.D.fill_(1.0)
+                set_(module.A_log, torch.log(-params["A"]).float())
+                set_(module.D, 1.0)
             else:
-                module.A_log.copy_(params["A_log"].float())
-            module.dt_bias.copy_(params["dt_bias"].float())
+                set_(module.A_log, params["A_log"].float())
+            set_(module.dt_bias, params["dt_bias"].float())
             normal_(module.conv1d.weight, module.conv1d.weight.shape[-1] ** -0.5)
+            if module.conv1d.bias is not None:
+                set_(module.conv1d.bias, 0.0)
         if isinstance(module, nn.Linear) and module is not out_emb:
             normal_(module.weight, module.weight.shape[1] ** -0.5)
             if module.bias is not None:
-                module.bias.zero_()
+                set_(module.bias, 0.0)
     if tied:
         normal_(in_emb.weight, LOGIT_STD * in_emb.weight.shape[1] ** -0.5)
     else:
@@ -227,14 +239,30 @@ def init_weights_(model: nn.Module, preset: Preset, seed: int = 0) -> None:
 
 
 def build_model(preset: Preset | str, layers: int | None = None, seed: int = 0) -> nn.Module:
-    """The preset's model (fp32, CPU, eval mode) with seeded synthetic weights."""
+    """The preset's model (fp32, CPU, eval mode) with seeded synthetic weights.
+
+    Built without torch's default initialisation; :func:`init_weights_` sets the
+    large weights, then transformers initialises the rest (norms, rotary buffers,
+    routers) from the global RNG seeded with ``seed``."""
+    from transformers.initialization import no_init_weights
+
     preset = get_preset(preset) if isinstance(preset, str) else preset
     config = build_config(preset, layers)
     torch_state = torch.random.get_rng_state()
     try:
-        torch.manual_seed(seed)  # transformers' own init (norms) draws from the global RNG
-        model = _model_class(config)(config)
+        torch.manual_seed(seed)
+        with no_init_weights():
+            model = _model_class(config)(config)
+        model.tie_weights()
+        init_weights_(model, preset, seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                if not getattr(p, "_is_hf_initialized", False):
+                    p.fill_(float("nan"))
+        model.init_weights()
     finally:
         torch.random.set_rng_state(torch_state)
-    init_weights_(model, preset, seed)
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise ModelError(f"{preset.name}: parameter {bad[0]} was left uninitialised")
     return model.eval()
