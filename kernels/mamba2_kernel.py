@@ -1,24 +1,28 @@
-"""The fused Mamba-2 decode kernel: conventional step, replay step (output or
-flush, chosen per slot on the device) and speculative verify, one launch each.
+"""The fused Mamba-2 replay kernel: one launch per decode step (each slot takes
+the output path or the flush path on the device) and speculative verify.
 
-Torch reference: ``precisionlab.layers.mamba2`` (``conventional_step``,
-``replay_output``, ``fold``, ``read_output``) with the design semantics of
-``precisionlab.designs.TorchDesignRunner`` and ``precisionlab.speculative``.
+Torch reference: ``precisionlab.layers.mamba2`` (``replay_output``, ``fold``,
+``read_output``) driven as ``precisionlab.designs.TorchDesignRunner.step`` and
+``precisionlab.speculative.SpeculativeDecoder.verify``.
 
-Tiling: one program per (batch row, head, block of ``BLOCK_P`` headdim rows),
-the whole dstate row ``N`` in registers, so every row-scaled format (fp8 amax
-per row) is encoded by the program that owns the row.  nvfp4's per-matrix scale
-needs the amax of the whole (P, N) head matrix: designs that write nvfp4 run
-with ``BLOCK_P >= P`` (one program per head matrix, rows past P masked) rather
-than a two-phase scheme, which would need a second launch or a grid barrier.
+Work split: one program per (batch row, ``HPP`` heads of one B/C group).  The
+group's ring of B (and each draft's B.C) is loaded and reduced once per program;
+the program then streams its heads' state in ``[BLOCK_P, N]`` tiles, issuing
+the loads of tile q+1 before computing tile q, so each program keeps a tile in
+flight instead of waiting on a chain of dependent loads.  The only load before
+the first state tile is the slot index.
 
-The ring (at most L entries of x, B, dt) is loaded once per program on output
-steps; entry weights come from a cumulative sum over the window.  Flushes work
-``FB`` rows at a time and re-read ring entries one by one (L1/L2-hot) for the
-rank-L update, so the rarely taken flush branch needs no more registers than
-the output path (register use is the kernel's, whichever branch runs): the
-output steps keep their occupancy.  nvfp4 flushes take a first pass over the
-chunks for the matrix amax (recomputing from L2-hot data, no extra HBM bytes).
+Flushes go head by head in ``FB``-row chunks: ``S = exp(Lambda) S_c + (w x)^T B``
+as one tensor-core ``tl.dot`` in tf32x3 (three-pass, ~fp32 accuracy, few
+registers), then encoding: every row-scaled format (fp8 amax per row) is encoded
+by the chunk that owns the row; nvfp4's per-matrix scale takes a first pass over
+the head's chunks for its amax (recomputed from L1/L2-hot data: no extra HBM
+traffic, no second launch, no grid barrier).
+
+Counters: a plain cache advances a per-slot clock with one fire-and-forget atomic
+per program (``k = clock // programs_per_slot`` is the step, ``k mod L`` the ring
+position; see ``tl_common``).  Speculative caches keep explicit ``ring_len`` /
+``steps`` that only the commit kernel writes.
 """
 
 from __future__ import annotations
@@ -26,24 +30,48 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tl_common import (
-    decay_weights,
-    dt_of,
-    finish_slot,
-    fold_ring,
-    gate,
-    ring_load,
-    ring_round,
-    ring_store,
-)
+from .tl_common import decay_weights, dt_of, gate, ring_load, ring_round, ring_store
 from .tl_formats import load_state, matrix_amax, store_state, tile_offsets
 
-MODE_CONV = 0
 MODE_STEP = 1
 MODE_VERIFY = 2
-K_MODE_CONV = tl.constexpr(MODE_CONV)
 K_MODE_STEP = tl.constexpr(MODE_STEP)
 K_MODE_VERIFY = tl.constexpr(MODE_VERIFY)
+
+
+@triton.jit
+def _tile_rows(q, h0, H, NPB: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Head and headdim rows of output tile ``q`` of a program."""
+    h = tl.minimum(h0 + q // NPB, H - 1)
+    rows = (q % NPB) * BLOCK_P + tl.arange(0, BLOCK_P)
+    return h, rows
+
+
+@triton.jit
+def _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    A_h = tl.load(A_ptr + h).to(tl.float32)
+    D_h = 0.0
+    if HAS_D:
+        D_h = tl.load(D_ptr + h).to(tl.float32)
+    dtb = 0.0
+    if HAS_DT_BIAS:
+        dtb = tl.load(dtb_ptr + h).to(tl.float32)
+    return A_h, D_h, dtb
+
+
+@triton.jit
+def _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_h, HP, offs_r, n_ring, last, w, eB,
+                x_cur, c_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr,
+                RING: tl.constexpr, CUR: tl.constexpr):
+    """Fresh fp32 state of ``FB`` rows: ``exp(Lambda) S_c + sum_i (w_i x_i) B_i^T`` over
+    ring entries ``[0, n_ring)`` (and entry ``c_cur`` = ``x_cur`` when ``CUR``)."""
+    S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
+    mr = offs_r < n_ring
+    ex = ring_load(rx_h + offs_r[:, None] * HP + rows[None, :], mr[:, None] & m[None, :], RING)
+    if CUR:
+        ex = tl.where((offs_r == c_cur)[:, None], ring_round(x_cur, RING)[None, :], ex)
+    upd = tl.dot(tl.trans(ex * w[:, None]), eB, input_precision="tf32x3")
+    return tl.where(m[:, None], tl.exp(last) * S + upd, 0.0)
 
 
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd"])
@@ -54,230 +82,243 @@ def mamba2_kernel(
     seed_ck, seed_rd,
     s_xb, s_xt, s_dtb, s_dtt, s_Bb, s_Bt, s_Cb, s_Ct, s_zb, s_zt, s_ob, s_ot,
     H, G, P, L, LR,
-    N: tl.constexpr, BLOCK_P: tl.constexpr, FB: tl.constexpr, RB: tl.constexpr, T: tl.constexpr,
+    N: tl.constexpr, BLOCK_P: tl.constexpr, NPB: tl.constexpr, HPP: tl.constexpr,
+    NT: tl.constexpr, FB: tl.constexpr, NQ: tl.constexpr, RB: tl.constexpr, T: tl.constexpr,
+    TB: tl.constexpr,
     MODE: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SPLIT: tl.constexpr,
     RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr, COUNT_STEPS: tl.constexpr,
-    NEED_AMAX: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
 ):
-    npb = tl.cdiv(P, BLOCK_P)
-    pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    h = pid // npb
-    pb = pid - h * npb
+    h0 = tl.program_id(0) * HPP
     hpg = H // G
-    g = h // hpg
-    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    mask_p = offs_p < P
+    g = h0 // hpg
     offs_n = tl.arange(0, N)
     offs_r = tl.arange(0, RB)
-    # scalar int64 bases; tensors below carry int32 offsets only
-    x_b = x_ptr + b * s_xb + h * P
-    z_b = z_ptr + b * s_zb + h * P
-    out_b = out_ptr + b * s_ob + h * P
-    dt_b = dt_ptr + b * s_dtb + h
+    x_b = x_ptr + b * s_xb
+    z_b = z_ptr + b * s_zb
+    out_b = out_ptr + b * s_ob
+    dt_b = dt_ptr + b * s_dtb
     B_b = B_ptr + b * s_Bb + g * N
     C_b = C_ptr + b * s_Cb + g * N
+    HP = H * P
 
     slot = tl.load(state_idx + b)
-    if slot < 0:  # padding row: zero output, no state
-        for j in tl.static_range(T):
-            tl.store(out_b + j * s_ot + offs_p, 0.0, mask=mask_p)
+    if slot < 0:  # padding row: zero outputs, no state
+        for q in range(NT):
+            h, rows = _tile_rows(q, h0, H, NPB, BLOCK_P)
+            for k in tl.static_range(T):
+                tl.store(out_b + k * s_ot + h * P + rows, 0.0, mask=rows < P)
         return
-    mat = slot.to(tl.int64) * H + h
-    A_h = tl.load(A_ptr + h).to(tl.float32)
-    D_h = 0.0
-    if HAS_D:
-        D_h = tl.load(D_ptr + h).to(tl.float32)
-    dtb = 0.0
-    if HAS_DT_BIAS:
-        dtb = tl.load(dtb_ptr + h).to(tl.float32)
-    nprog = H * npb
-    fresh_b = fresh_ptr + mat * P * N
+    mat0 = slot.to(tl.int64) * H
+    # first state tile of the output path: depends on the slot only
+    h_0, rows_0 = _tile_rows(0, h0, H, NPB, BLOCK_P)
+    S = load_state(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, rows_0 < P, P, RD_FMT, BLOCK_P, N)
 
-    if MODE == K_MODE_CONV:
-        # ---- conventional: S = exp(dt A) S + dt x B^T ; y = S C + D x -------------
-        x_t = tl.load(x_b + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-        dt_t = dt_of(tl.load(dt_b), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-        B_t = tl.load(B_b + offs_n).to(tl.float32)
-        C_t = tl.load(C_b + offs_n).to(tl.float32)
-        S = load_state(ck_c, ck_s1, ck_s2, mat, offs_p, mask_p, P, CK_FMT, BLOCK_P, N)
-        S = tl.exp(dt_t * A_h) * S + (dt_t * x_t)[:, None] * B_t[None, :]
-        S = tl.where(mask_p[:, None], S, 0.0)
-        y = tl.sum(S * C_t[None, :], axis=1)
-        t = 0
-        if COUNT_STEPS:
-            t = tl.load(steps + slot)
-        store_state(ck_c, ck_s1, ck_s2, S, mat, offs_p, mask_p, P, seed_ck, t, 0.0,
-                    CK_FMT, BLOCK_P, N)
-        z_t = 0.0
-        if HAS_Z:
-            z_t = tl.load(z_b + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-        y = gate(y, x_t, z_t, D_h, HAS_Z)
-        tl.store(out_b + offs_p, y, mask=mask_p)
-        if COUNT_STEPS:
-            finish_slot(tickets, steps, steps, slot, nprog, t + 1, t + 1)
+    if MODE == K_MODE_STEP:
+        clock = tl.load(tickets + slot)
+        tl.atomic_add(tickets + slot, 1)  # result unused: no round trip waited on
+        k_step = clock // (H // HPP)
+        c = k_step % L
+        t = k_step
+        half = 0
     else:
         rl = tl.load(ring_len + slot)
         c = rl & 0xFFFF
         half = rl >> 16
         t = tl.load(steps + slot)
-        win = slot.to(tl.int64) * LR + half * L  # first ring row of this window
-        rx_b = ring_x + (win * H + h) * P
-        rB_b = ring_B + (win * G + g) * N
-        rdt_b = ring_dt + win * H + h
-        ox = offs_r[:, None] * (H * P) + offs_p[None, :]
-        oB = offs_r[:, None] * (G * N) + offs_n[None, :]
-        rdt = tl.load(rdt_b + offs_r * H, mask=offs_r < c, other=0.0)
-        n_rows = P - pb * BLOCK_P  # rows of this tile inside the matrix
+    win = slot.to(tl.int64) * LR + half * L  # first ring row of this window
+    rx_b = ring_x + win * HP
+    rB_b = ring_B + (win * G + g) * N
+    rdt_b = ring_dt + win * H
+    oB = offs_r[:, None] * (G * N) + offs_n[None, :]
 
-        if MODE == K_MODE_STEP:
-            # ---- replay step: entry c = this step; flush when the ring fills -----
-            dt_t = dt_of(tl.load(dt_b), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-            Br_t = ring_round(tl.load(B_b + offs_n).to(tl.float32), RING)
-            C_t = tl.load(C_b + offs_n).to(tl.float32)
-            edt = tl.where(offs_r == c, dt_t, rdt)
-            cum = tl.cumsum(edt * A_h, axis=0)
-            last, w = decay_weights(edt, cum, offs_r, c)
-            if c + 1 >= L:
-                # flush, FB rows at a time: S = exp(Lambda) S_c + sum_i w_i x_i B_i^T
-                w_c = tl.sum(tl.where(offs_r == c, w, 0.0), axis=0)
+    if MODE == K_MODE_STEP:
+        # ======================= replay step ====================================
+        B_t = ring_round(tl.load(B_b + offs_n).to(tl.float32), RING)
+        C_t = tl.load(C_b + offs_n).to(tl.float32)
+        rB = ring_load(rB_b + oB, (offs_r < c)[:, None], RING)
+        eB = tl.where((offs_r == c)[:, None], B_t[None, :], rB)
+        if c + 1 >= L:
+            # ---- flush: fold all L entries, write checkpoint (+ read copy) -------
+            for hh in range(HPP):
+                h = h0 + hh
+                mat = mat0 + h
+                A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                dt_h = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
+                edt = tl.where(offs_r == c, dt_h, rdt)
+                last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
                 amax = 0.0
-                if NEED_AMAX:  # nvfp4 matrix scale: a first pass for the amax
-                    for ch in range(BLOCK_P // FB):
-                        if ch * FB < n_rows:
-                            rows = pb * BLOCK_P + ch * FB + tl.arange(0, FB)
-                            m = rows < P
-                            x_c = tl.load(x_b + rows, mask=m, other=0.0).to(tl.float32)
-                            acc = fold_ring(tl.zeros([FB, N], tl.float32), w, offs_r, c, rx_b,
-                                            rB_b, rows, m, H * P, G * N, N, RB, RING)
-                            acc += (w_c * ring_round(x_c, RING))[:, None] * Br_t[None, :]
-                            S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
-                            S = tl.where(m[:, None], tl.exp(last) * S + acc, 0.0)
-                            amax = tl.maximum(amax, matrix_amax(S))
-                for ch in range(BLOCK_P // FB):
-                    if ch * FB < n_rows:
-                        rows = pb * BLOCK_P + ch * FB + tl.arange(0, FB)
+                if NEED_AMAX:  # nvfp4 matrix scale: amax of the head's fresh state
+                    for qq in range(NQ):
+                        rows = qq * FB + tl.arange(0, FB)
                         m = rows < P
-                        x_c = tl.load(x_b + rows, mask=m, other=0.0).to(tl.float32)
-                        acc = fold_ring(tl.zeros([FB, N], tl.float32), w, offs_r, c, rx_b, rB_b,
-                                        rows, m, H * P, G * N, N, RB, RING)
-                        acc += (w_c * ring_round(x_c, RING))[:, None] * Br_t[None, :]
-                        S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
-                        S = tl.where(m[:, None], tl.exp(last) * S + acc, 0.0)
-                        y = tl.sum(S * C_t[None, :], axis=1)
-                        z_c = 0.0
-                        if HAS_Z:
-                            z_c = tl.load(z_b + rows, mask=m, other=0.0).to(tl.float32)
-                        tl.store(out_b + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
-                        store_state(ck_c, ck_s1, ck_s2, S, mat, rows, m, P, seed_ck, t, amax,
-                                    CK_FMT, FB, N)
-                        if SPLIT:
-                            store_state(rd_c, rd_s1, rd_s2, S, mat, rows, m, P, seed_rd, t, amax,
-                                        RD_FMT, FB, N)
-                        if WRITE_FRESH:
-                            tl.store(fresh_b + tile_offsets(rows, N), S, mask=m[:, None])
-                new_len = rl - c
-            else:
-                # output: y = exp(Lambda) S_read C + sum_i w_i (B_i . C) x_i + D x
-                x_t = tl.load(x_b + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-                xr_t = ring_round(x_t, RING)
-                mr = offs_r < c
-                rx = ring_load(rx_b + ox, mr[:, None] & mask_p[None, :], RING)
-                rB = ring_load(rB_b + oB, mr[:, None], RING)
-                cur = offs_r == c
-                ex = tl.where(cur[:, None], xr_t[None, :], rx)
-                eB = tl.where(cur[:, None], Br_t[None, :], rB)
-                S = load_state(rd_c, rd_s1, rd_s2, mat, offs_p, mask_p, P, RD_FMT, BLOCK_P, N)
-                BC = tl.sum(eB * C_t[None, :], axis=1)
+                        x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                        Sn = _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_b + h * P, HP,
+                                         offs_r, c, last, w, eB, x_c, c, CK_FMT, FB, N, RING,
+                                         True)
+                        amax = tl.maximum(amax, matrix_amax(Sn))
+                for qq in range(NQ):
+                    rows = qq * FB + tl.arange(0, FB)
+                    m = rows < P
+                    x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_b + h * P, HP,
+                                     offs_r, c, last, w, eB, x_c, c, CK_FMT, FB, N, RING, True)
+                    y = tl.sum(Sn * C_t[None, :], axis=1)
+                    z_c = 0.0
+                    if HAS_Z:
+                        z_c = tl.load(z_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                    tl.store(out_b + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
+                    store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax,
+                                CK_FMT, FB, N)
+                    if SPLIT:
+                        store_state(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
+                                    RD_FMT, FB, N)
+                    if WRITE_FRESH:
+                        tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
+                                 mask=m[:, None])
+        else:
+            # ---- output: y = exp(L) S_read C + sum_i w_i (B_i.C) x_i + D x --------
+            BC = tl.sum(eB * C_t[None, :], axis=1)
+            mr = offs_r < c
+            # small inputs of tile 0 (tile q+1's are loaded before tile q is computed)
+            A_h, D_h, dtb = _head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+            m = rows_0 < P
+            rx = ring_load(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
+                           mr[:, None] & m[None, :], RING)
+            rdt = tl.load(rdt_b + h_0 + offs_r * H, mask=mr, other=0.0)
+            x = tl.load(x_b + h_0 * P + rows_0, mask=m, other=0.0).to(tl.float32)
+            z = 0.0
+            if HAS_Z:
+                z = tl.load(z_b + h_0 * P + rows_0, mask=m, other=0.0).to(tl.float32)
+            dt_raw = tl.load(dt_b + h_0)
+            for q in range(NT):
+                h, rows = _tile_rows(q, h0, H, NPB, BLOCK_P)
+                m = rows < P
+                # ---- prefetch tile q + 1
+                h2, rows2 = _tile_rows(q + 1, h0, H, NPB, BLOCK_P)
+                m2 = (rows2 < P) & (q + 1 < NT)
+                S2 = load_state(rd_c, rd_s1, rd_s2, mat0 + h2, rows2, m2, P, RD_FMT, BLOCK_P, N)
+                rx2 = ring_load(rx_b + h2 * P + offs_r[:, None] * HP + rows2[None, :],
+                                mr[:, None] & m2[None, :], RING)
+                rdt2 = tl.load(rdt_b + h2 + offs_r * H, mask=mr, other=0.0)
+                x2 = tl.load(x_b + h2 * P + rows2, mask=m2, other=0.0).to(tl.float32)
+                z2 = 0.0
+                if HAS_Z:
+                    z2 = tl.load(z_b + h2 * P + rows2, mask=m2, other=0.0).to(tl.float32)
+                dt_raw2 = tl.load(dt_b + h2)
+                A2, D2, dtb2 = _head_consts(h2, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                # ---- compute tile q
+                dt = dt_of(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                edt = tl.where(offs_r == c, dt, rdt)
+                last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
+                xr = ring_round(x, RING)
+                ex = tl.where((offs_r == c)[:, None], xr[None, :], rx)
                 y = tl.exp(last) * tl.sum(S * C_t[None, :], axis=1)
                 y = y + tl.sum((w * BC)[:, None] * ex, axis=0)
-                z_t = 0.0
-                if HAS_Z:
-                    z_t = tl.load(z_b + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-                tl.store(out_b + offs_p, gate(y, x_t, z_t, D_h, HAS_Z), mask=mask_p)
-                ring_store(rx_b + c * (H * P) + offs_p, xr_t, mask_p, RING)
-                if pb == 0:
-                    tl.store(rdt_b + c * H, dt_t)
-                    if h % hpg == 0:
-                        ring_store(rB_b + c * (G * N) + offs_n, Br_t, offs_n < N, RING)
-                new_len = rl + 1
-            finish_slot(tickets, ring_len, steps, slot, nprog, new_len, t + 1)
-        else:
-            # ---- speculative verify: T drafts behind the commit pointer ----------
-            flush = c + T > L
-            if flush:  # fold the committed entries first (they fill the window)
-                cum0 = tl.cumsum(rdt * A_h, axis=0)
-                last0, w0 = decay_weights(rdt, cum0, offs_r, c - 1)
+                tl.store(out_b + h * P + rows, gate(y, x, z, D_h, HAS_Z), mask=m)
+                ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
+                if q % NPB == 0:
+                    tl.store(rdt_b + c * H + h, dt)
+                S, rx, rdt, x, z, dt_raw = S2, rx2, rdt2, x2, z2, dt_raw2
+                A_h, D_h, dtb = A2, D2, dtb2
+            if h0 % hpg == 0:
+                ring_store(rB_b + c * (G * N) + offs_n, B_t, offs_n < N, RING)
+    else:
+        # ======================= speculative verify =============================
+        if c + T > L:  # fold the committed entries first (they fill the window)
+            rB = ring_load(rB_b + oB, (offs_r < c)[:, None], RING)
+            for hh in range(HPP):
+                h = h0 + hh
+                mat = mat0 + h
+                A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
+                last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
                 amax = 0.0
                 if NEED_AMAX:
-                    for ch in range(BLOCK_P // FB):
-                        if ch * FB < n_rows:
-                            rows = pb * BLOCK_P + ch * FB + tl.arange(0, FB)
-                            m = rows < P
-                            acc = fold_ring(tl.zeros([FB, N], tl.float32), w0, offs_r, c, rx_b,
-                                            rB_b, rows, m, H * P, G * N, N, RB, RING)
-                            S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
-                            S = tl.where(m[:, None], tl.exp(last0) * S + acc, 0.0)
-                            amax = tl.maximum(amax, matrix_amax(S))
-                for ch in range(BLOCK_P // FB):
-                    if ch * FB < n_rows:
-                        rows = pb * BLOCK_P + ch * FB + tl.arange(0, FB)
+                    for qq in range(NQ):
+                        rows = qq * FB + tl.arange(0, FB)
                         m = rows < P
-                        acc = fold_ring(tl.zeros([FB, N], tl.float32), w0, offs_r, c, rx_b, rB_b,
-                                        rows, m, H * P, G * N, N, RB, RING)
-                        S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
-                        S = tl.where(m[:, None], tl.exp(last0) * S + acc, 0.0)
-                        store_state(ck_c, ck_s1, ck_s2, S, mat, rows, m, P, seed_ck, t - 1, amax,
-                                    CK_FMT, FB, N)
-                        if SPLIT:
-                            store_state(rd_c, rd_s1, rd_s2, S, mat, rows, m, P, seed_rd, t - 1,
-                                        amax, RD_FMT, FB, N)
-                        if WRITE_FRESH:
-                            tl.store(fresh_b + tile_offsets(rows, N), S, mask=m[:, None])
-                tl.debug_barrier()  # the drafts below read the copy just written
-                c0 = c * 0
-                half = 1 - half  # drafts go to the other ring half
-            else:
-                c0 = c
-            base = load_state(rd_c, rd_s1, rd_s2, mat, offs_p, mask_p, P, RD_FMT, BLOCK_P, N)
-            # committed entries [0, c0) from the ring, drafts at [c0, c0 + T)
-            old = offs_r < c0
-            rx = ring_load(rx_b + ox, old[:, None] & mask_p[None, :], RING)
-            rB = ring_load(rB_b + oB, old[:, None], RING)
-            j = offs_r - c0
-            vd = (j >= 0) & (j < T)
-            jj = tl.where(vd, j, 0)
-            ix = tl.load(x_b + jj[:, None] * s_xt + offs_p[None, :],
-                         mask=vd[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-            iB = tl.load(B_b + jj[:, None] * s_Bt + offs_n[None, :], mask=vd[:, None],
-                         other=0.0).to(tl.float32)
-            idt = dt_of(tl.load(dt_b + jj * s_dtt, mask=vd, other=0.0), dtb, HAS_DT_BIAS,
-                        DT_SOFTPLUS)
+                        Sn = _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_b + h * P, HP,
+                                         offs_r, c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING,
+                                         False)
+                        amax = tl.maximum(amax, matrix_amax(Sn))
+                for qq in range(NQ):
+                    rows = qq * FB + tl.arange(0, FB)
+                    m = rows < P
+                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_b + h * P, HP,
+                                     offs_r, c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
+                    store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t - 1, amax,
+                                CK_FMT, FB, N)
+                    if SPLIT:
+                        store_state(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t - 1,
+                                    amax, RD_FMT, FB, N)
+                    if WRITE_FRESH:
+                        tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
+                                 mask=m[:, None])
+            tl.debug_barrier()  # the drafts below read the copy just written
+            S = load_state(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, rows_0 < P, P, RD_FMT,
+                           BLOCK_P, N)
+            c0 = c * 0
+            half = 1 - half  # drafts go to the other ring half
+        else:
+            c0 = c
+        win = slot.to(tl.int64) * LR + half * L
+        rx_b = ring_x + win * HP
+        rB_b = ring_B + (win * G + g) * N
+        rdt_b = ring_dt + win * H
+        # committed entries [0, c0) from the ring, drafts at [c0, c0 + T)
+        old = offs_r < c0
+        j = offs_r - c0
+        vd = (j >= 0) & (j < T)
+        jj = tl.where(vd, j, 0)
+        rB = ring_load(rB_b + oB, old[:, None], RING)
+        iB = tl.load(B_b + jj[:, None] * s_Bt + offs_n[None, :], mask=vd[:, None], other=0.0)
+        iB = ring_round(iB.to(tl.float32), RING)
+        eB = tl.where(old[:, None], rB, iB)
+        offs_t = tl.arange(0, TB)
+        BCm = tl.zeros([TB, RB], tl.float32)
+        for k in tl.static_range(T):
+            C_k = tl.load(C_b + k * s_Ct + offs_n).to(tl.float32)
+            BCk = tl.sum(eB * C_k[None, :], axis=1)
+            BCm = tl.where((offs_t == k)[:, None], BCk[None, :], BCm)
+        if h0 % hpg == 0:
+            ring_store(rB_b + oB, iB, vd[:, None], RING)
+        for q in range(NT):
+            h, rows = _tile_rows(q, h0, H, NPB, BLOCK_P)
+            m = rows < P
+            A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+            rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
+                           old[:, None] & m[None, :], RING)
+            ix = tl.load(x_b + jj[:, None] * s_xt + h * P + rows[None, :],
+                         mask=vd[:, None] & m[None, :], other=0.0).to(tl.float32)
             ix = ring_round(ix, RING)
-            iB = ring_round(iB, RING)
+            rdt = tl.load(rdt_b + h + offs_r * H, mask=old, other=0.0)
+            idt = dt_of(tl.load(dt_b + jj * s_dtt + h, mask=vd, other=0.0), dtb, HAS_DT_BIAS,
+                        DT_SOFTPLUS)
+            # prefetch the next state tile
+            h2, rows2 = _tile_rows(q + 1, h0, H, NPB, BLOCK_P)
+            m2 = (rows2 < P) & (q + 1 < NT)
+            S2 = load_state(rd_c, rd_s1, rd_s2, mat0 + h2, rows2, m2, P, RD_FMT, BLOCK_P, N)
             ex = tl.where(old[:, None], rx, ix)
-            eB = tl.where(old[:, None], rB, iB)
             edt = tl.where(old, rdt, tl.where(vd, idt, 0.0))
             cum = tl.cumsum(edt * A_h, axis=0)
             for k in tl.static_range(T):
                 last, w = decay_weights(edt, cum, offs_r, c0 + k)
+                BCk = tl.sum(tl.where((offs_t == k)[:, None], BCm, 0.0), axis=0)
                 C_k = tl.load(C_b + k * s_Ct + offs_n).to(tl.float32)
-                x_k = tl.load(x_b + k * s_xt + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-                BC = tl.sum(eB * C_k[None, :], axis=1)
-                y = tl.exp(last) * tl.sum(base * C_k[None, :], axis=1)
-                y = y + tl.sum((w * BC)[:, None] * ex, axis=0)
+                x_k = tl.load(x_b + k * s_xt + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                y = tl.exp(last) * tl.sum(S * C_k[None, :], axis=1)
+                y = y + tl.sum((w * BCk)[:, None] * ex, axis=0)
                 z_k = 0.0
                 if HAS_Z:
-                    z_k = tl.load(z_b + k * s_zt + offs_p, mask=mask_p, other=0.0)
+                    z_k = tl.load(z_b + k * s_zt + h * P + rows, mask=m, other=0.0)
                     z_k = z_k.to(tl.float32)
-                tl.store(out_b + k * s_ot + offs_p, gate(y, x_k, z_k, D_h, HAS_Z), mask=mask_p)
-            # write the drafts into the ring (the commit pointer stays at c0)
-            win = slot.to(tl.int64) * LR + half * L
-            ring_store(ring_x + (win * H + h) * P + ox, ix, vd[:, None] & mask_p[None, :], RING)
-            if pb == 0:
-                tl.store(ring_dt + win * H + h + offs_r * H, idt, mask=vd)
-                if h % hpg == 0:
-                    ring_store(ring_B + (win * G + g) * N + oB, iB, vd[:, None], RING)
-            if flush:
-                finish_slot(tickets, ring_len, steps, slot, nprog, half << 16, t)
+                tl.store(out_b + k * s_ot + h * P + rows, gate(y, x_k, z_k, D_h, HAS_Z), mask=m)
+            # the drafts go into the ring behind the commit pointer
+            ring_store(rx_b + offs_r[:, None] * HP + h * P + rows[None, :], ix,
+                       vd[:, None] & m[None, :], RING)
+            if q % NPB == 0:
+                tl.store(rdt_b + offs_r * H + h, idt, mask=vd)
+            S = S2

@@ -13,7 +13,8 @@ Semantics (per slot, ``c`` = committed ring entries):
   entries ``[c, c + T)`` behind the commit pointer.  Outputs of draft k use the
   entries before it and itself, exactly as plain decoding would.
 * Speculative caches have two ring halves: a flushing verify reads the
-  committed entries from one half and writes its drafts to the other.
+  committed entries from one half and writes its drafts to the other.  Verify
+  writes no counters; ``commit(n, T)`` applies the flush's bookkeeping.
 * ``commit(n)``: ``c += n`` and the slot's step counter advances by ``n``;
   rejected entries are overwritten by the next verify.
 * The stochastic-rounding step of a verify flush is ``steps[slot] - 1`` (the
@@ -27,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .mamba2_kernel import MODE_VERIFY
-from .mamba2_step import HeadParams, Mamba2Cache, launch, slot_indices
+from .mamba2_step import HeadParams, Mamba2Cache, launch_replay, slot_indices
 
 
 def mamba2_verify(
@@ -59,30 +60,36 @@ def mamba2_verify(
     idx = state_indices if state_indices is not None else slot_indices(x.shape[0], x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    launch(MODE_VERIFY, cache.ckpt, cache.read, cache, x, dt, B, C, params, z=z, out=out,
-           state_indices=idx, T=T, dt_softplus=dt_softplus, seed=cache.seed,
-           block_p=block_p, num_warps=num_warps)
+    launch_replay(MODE_VERIFY, cache, x, dt, B, C, params, z=z, out=out, state_indices=idx,
+                  T=T, dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps)
     return out
 
 
 @triton.jit
-def _commit_kernel(ring_len, steps, state_idx, accepted, batch, BLOCK: tl.constexpr):
+def _commit_kernel(ring_len, steps, state_idx, accepted, batch, T, L, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < batch
     slot = tl.load(state_idx + offs, mask=m, other=-1)
     ok = m & (slot >= 0)
     n = tl.load(accepted + offs, mask=ok, other=0).to(tl.int32)
     s = tl.where(ok, slot, 0)
-    tl.store(ring_len + s, tl.load(ring_len + s, mask=ok, other=0) + n, mask=ok)
+    rl = tl.load(ring_len + s, mask=ok, other=0)
+    c = rl & 0xFFFF
+    half = rl >> 16
+    # a verify that found c + T > L flushed and put its drafts in the other half
+    new = tl.where(c + T > L, ((1 - half) << 16) | n, rl + n)
+    tl.store(ring_len + s, new, mask=ok)
     tl.store(steps + s, tl.load(steps + s, mask=ok, other=0) + n, mask=ok)
 
 
 def mamba2_commit(
-    cache: Mamba2Cache, accepted: torch.Tensor, state_indices: torch.Tensor | None = None
+    cache: Mamba2Cache, accepted: torch.Tensor, drafts: int,
+    state_indices: torch.Tensor | None = None,
 ) -> None:
-    """Accept the first ``accepted[b]`` drafts of row b (integer tensor (batch,))."""
+    """Accept the first ``accepted[b]`` of the ``drafts`` tokens the last
+    :func:`mamba2_verify` checked for row b (integer tensor (batch,))."""
     batch = accepted.shape[0]
     idx = state_indices if state_indices is not None else slot_indices(batch, accepted.device)
     block = 128
     _commit_kernel[(triton.cdiv(batch, block),)](cache.ring_len, cache.steps, idx, accepted,
-                                                 batch, BLOCK=block)
+                                                 batch, drafts, cache.window, BLOCK=block)

@@ -1,12 +1,12 @@
-"""Python entry points of the fused Mamba-2 decode kernel: the per-slot cache of a
-replay design, the replay step (output or flush) and the conventional step.
+"""Python entry points of the fused Mamba-2 decode kernels: the per-slot cache of
+a replay design, the replay step (output or flush) and the conventional step.
 
 Torch references: ``precisionlab.layers.mamba2.conventional_step`` (conventional),
 ``replay_output`` / ``fold`` / ``read_output`` driven as in
 ``precisionlab.designs.TorchDesignRunner.step`` (replay step).
 
-Every launch is host-sync free and CUDA-graph capturable: ring counts and step
-counters live in device tensors that the kernel itself advances.
+Every launch is host-sync free and CUDA-graph capturable: ring positions and
+step counters live in device tensors that the kernels themselves advance.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 import triton
 
 from .codec import as_int32
-from .mamba2_kernel import MODE_CONV, MODE_STEP, mamba2_kernel
+from .mamba2_conv import mamba2_conv_kernel
+from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, format_id
@@ -27,6 +28,8 @@ _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
           "fp8-e4m3": 1.0, "nvfp4": 0.5, "mxfp4": 0.5}
 _BYTES_BY_ID = {format_id(name): b for name, b in _BYTES.items()}
 _ARANGE: dict[tuple[int, str], torch.Tensor] = {}
+FLUSH_ROWS = 16
+"""Rows per flush chunk (the M of the fold's tensor-core dot: at least 16)."""
 
 
 @dataclass
@@ -38,14 +41,28 @@ class HeadParams:
     dt_bias: torch.Tensor | None = None
 
 
+def default_heads_per_program(slots: int, heads: int, groups: int, sms: int = 132) -> int:
+    """Heads per replay program: the largest divisor of heads-per-group that still
+    gives about four programs per SM for ``slots`` sequences (1 at batch 1)."""
+    hpg = heads // groups
+    best = 1
+    for d in range(1, hpg + 1):
+        if hpg % d == 0 and slots * (heads // d) >= 4 * sms:
+            best = d
+    return best
+
+
 @dataclass
 class Mamba2Cache:
     """Device state of one replay design for a pool of ``slots`` sequences.
 
     ``ckpt`` is the checkpoint (the shared copy for shared designs); ``read`` the
-    split read copy (None for shared).  The ring holds up to ``window`` entries
-    per slot; ``ring_len``, ``steps`` and ``tickets`` are the per-slot counters
-    the kernel advances (see :mod:`precisionlab.kernels.tl_common`).
+    split read copy (None for shared).  A plain cache's ring position and step
+    come from the per-slot clock ``tickets`` (advanced by every replay step); a
+    ``speculative`` cache has two ring halves and explicit ``ring_len`` (committed
+    entries | half << 16) and ``steps`` that only :func:`mamba2_commit` writes.
+    ``heads_per_program`` fixes the replay kernel's work split (the clock counts
+    programs), so it is chosen once per cache.
     """
 
     ckpt: StateStore
@@ -57,6 +74,7 @@ class Mamba2Cache:
     steps: torch.Tensor
     tickets: torch.Tensor
     window: int
+    heads_per_program: int = 1
     seed: int = 0
     fresh: torch.Tensor | None = None
 
@@ -77,15 +95,20 @@ class Mamba2Cache:
         seed: int = 0,
         keep_fresh: bool = False,
         speculative: bool = False,
+        heads_per_program: int | None = None,
     ) -> Mamba2Cache:
         """Zero state, empty rings.  ``read_format=None`` is a shared design;
         ``keep_fresh`` also keeps the fp32 state of every flush in ``fresh``;
-        ``speculative`` gives each slot two ring halves (needed by verify)."""
+        ``speculative`` gives each slot two ring halves (verify/commit only)."""
         shape = (slots, heads, headdim, dstate)
         if ring_dtype not in _RING_IDS:
             raise ValueError(f"ring dtype must be fp32, bf16 or fp16, got {ring_dtype}")
         if window < 1:
             raise ValueError("window must be >= 1")
+        hpp = heads_per_program or default_heads_per_program(slots, heads, groups)
+        if (heads // groups) % hpp:
+            raise ValueError(f"heads_per_program {hpp} must divide heads per group "
+                             f"{heads // groups}")
         i32 = dict(dtype=torch.int32, device=device)
         cap = 2 * window if speculative else window
         cache = cls(
@@ -98,6 +121,7 @@ class Mamba2Cache:
             steps=torch.zeros(slots, **i32),
             tickets=torch.zeros(slots, **i32),
             window=window,
+            heads_per_program=hpp,
             seed=seed,
             fresh=torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh else None,
         )
@@ -112,10 +136,6 @@ class Mamba2Cache:
     def speculative(self) -> bool:
         return self.ring_x.shape[1] == 2 * self.window
 
-    def committed(self) -> torch.Tensor:
-        """Committed ring entries per slot (int32, on the device)."""
-        return self.ring_len & 0xFFFF
-
     @property
     def reader(self) -> StateStore:
         """The copy output steps read."""
@@ -126,17 +146,36 @@ class Mamba2Cache:
         return self.ckpt.shape
 
     @property
-    def groups(self) -> int:
-        return self.ring_B.shape[2]
+    def programs_per_slot(self) -> int:
+        return self.shape[1] // self.heads_per_program
+
+    def steps_taken(self) -> torch.Tensor:
+        """Decode steps (committed tokens) per slot, int32 on the device."""
+        if self.speculative:
+            return self.steps.clone()
+        return self.tickets // self.programs_per_slot
+
+    def committed(self) -> torch.Tensor:
+        """Entries in each slot's ring since its checkpoint, int32 on the device."""
+        if self.speculative:
+            return self.ring_len & 0xFFFF
+        return self.steps_taken() % self.window
 
     def load_state(self, S: torch.Tensor, step: int = 0) -> None:
         """Store fp32 states ``S`` (slots, heads, P, N) as the checkpoint (seed) and
-        read copy (seed + 1) with the torch formats; empty the rings."""
+        read copy (seed + 1) with the torch formats; empty the rings and counters."""
         self.ckpt.copy_(StateStore.encode(S, self.ckpt.fmt, seed=self.seed, step=step))
         if self.read is not None:
             self.read.copy_(StateStore.encode(S, self.read.fmt, seed=self.seed + 1, step=step))
+        self.reset_counters()
+
+    def reset_counters(self, slots: torch.Tensor | None = None) -> None:
+        """Empty the rings of ``slots`` (all when None): a new sequence in a slot."""
         for t in (self.ring_len, self.steps, self.tickets):
-            t.zero_()
+            if slots is None:
+                t.zero_()
+            else:
+                t[slots] = 0
 
     def state_bytes(self) -> tuple[int, int]:
         """``(checkpoint bytes, read-copy bytes)`` over all slots."""
@@ -153,12 +192,9 @@ def slot_indices(batch: int, device: torch.device) -> torch.Tensor:
 
 def pick_block_p(headdim: int, dstate: int, fmt_ids: tuple[int, ...],
                  block_p: int | None = None, minimum: int = 16) -> int:
-    """Rows per program: the whole (padded) head matrix when nvfp4 is written or
-    read, else ``block_p`` or a default of ~8 KB of stored state per program
-    (at least ``minimum`` rows: replay tiles need 16 for their flush chunks)."""
+    """Rows per output tile: ``block_p``, else ~8 KB of stored state per tile
+    (fp32: 16 rows, fp8: 64), at least ``minimum`` and at most the padded headdim."""
     whole = triton.next_power_of_2(headdim)
-    if FMT_NVFP4 in fmt_ids:
-        return whole
     if block_p is not None:
         return max(minimum, min(block_p, whole))
     nbytes = min(_BYTES_BY_ID[f] for f in fmt_ids)
@@ -167,10 +203,10 @@ def pick_block_p(headdim: int, dstate: int, fmt_ids: tuple[int, ...],
 
 
 def pick_warps(block_p: int, dstate: int, num_warps: int | None = None) -> int:
-    """Warps per program: ~16-32 state elements per thread (4 to 16 warps)."""
+    """Warps per program: ~16 state elements per thread (4 to 16 warps)."""
     if num_warps is not None:
         return num_warps
-    return max(4, min(16, block_p * dstate // 1024))
+    return max(4, min(16, block_p * dstate // 512))
 
 
 def _strides(t: torch.Tensor | None, token_dim: bool) -> tuple[int, int]:
@@ -179,7 +215,7 @@ def _strides(t: torch.Tensor | None, token_dim: bool) -> tuple[int, int]:
     return t.stride(0), (t.stride(1) if token_dim else 0)
 
 
-def _inner_contiguous(t: torch.Tensor, inner: int, name: str) -> None:
+def _inner_contiguous(t: torch.Tensor | None, inner: int, name: str) -> None:
     if t is None:
         return
     want = 1
@@ -189,11 +225,15 @@ def _inner_contiguous(t: torch.Tensor, inner: int, name: str) -> None:
         want *= t.shape[d]
 
 
-def launch(
+def _check_inputs(x, dt, B, C, z, out) -> None:
+    for t, name, inner in ((x, "x", 2), (B, "B", 2), (C, "C", 2), (dt, "dt", 1), (z, "z", 2),
+                           (out, "out", 2)):
+        _inner_contiguous(t, inner, name)
+
+
+def launch_replay(
     mode: int,
-    ckpt: StateStore,
-    read: StateStore | None,
-    cache: Mamba2Cache | None,
+    cache: Mamba2Cache,
     x: torch.Tensor,
     dt: torch.Tensor,
     B: torch.Tensor,
@@ -205,78 +245,49 @@ def launch(
     state_indices: torch.Tensor,
     T: int,
     dt_softplus: bool,
-    seed: int,
-    steps: torch.Tensor | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
-    flush_rows: int = 16,
 ) -> None:
-    """Launch :func:`mamba2_kernel` (shared by the step, conventional and verify wrappers).
-
-    Token-major inputs (``T > 1`` or verify) are (batch, T, ...); else (batch, ...)."""
+    """Launch :func:`mamba2_kernel` (replay step, or verify of ``T`` drafts when
+    the inputs are token-major (batch, T, ...))."""
+    ckpt, read = cache.ckpt, cache.read
     slots, H, P, N = ckpt.shape
-    if N & (N - 1):
-        raise ValueError(f"dstate must be a power of two, got {N}")
+    if N & (N - 1) or N < 16:
+        raise ValueError(f"dstate must be a power of two >= 16, got {N}")
+    _check_inputs(x, dt, B, C, z, out)
     tok = x.dim() == 4
     G = B.shape[-2]
-    batch = x.shape[0]
-    for t, name, inner in ((x, "x", 2), (B, "B", 2), (C, "C", 2), (dt, "dt", 1), (z, "z", 2),
-                           (out, "out", 2)):
-        _inner_contiguous(t, inner, name)
-    ck_id = ckpt.fmt_id
     rd = read if read is not None else ckpt
-    ids = (ck_id, rd.fmt_id)
-    bp = pick_block_p(P, N, ids, block_p, 1 if mode == MODE_CONV else 16)
+    ids = (ckpt.fmt_id, rd.fmt_id)
+    bp = pick_block_p(P, N, ids, block_p)
     nw = pick_warps(bp, N, num_warps)
-    if cache is not None:
-        ring = (cache.ring_x, cache.ring_B, cache.ring_dt, cache.ring_len, cache.steps,
-                cache.tickets)
-        ring_id = _RING_IDS[cache.ring_x.dtype]
-        rx, rB = (ring[0], ring[1]) if ring_id == RING_FP32 else (
-            ring[0].view(torch.int16), ring[1].view(torch.int16))
-        ring = (rx, rB, *ring[2:])
-        L, LR = cache.window, cache.ring_x.shape[1]
-        fresh = cache.fresh if cache.fresh is not None else ckpt.codes
-    else:
-        dummy = steps if steps is not None else state_indices
-        ring = (ckpt.codes, ckpt.codes, ckpt.codes, dummy, dummy, _tickets_for(dummy))
-        ring_id, L, LR, fresh = RING_FP32, 1, 1, ckpt.codes
-    count_steps = mode == MODE_CONV and ck_id in (FMT_BF16_SR, FMT_FP16_SR)
-    if count_steps and steps is None:
-        raise ValueError("stochastic-rounding conventional steps need a `steps` counter tensor")
-    rb = max(16, triton.next_power_of_2(L))
-    need_amax = FMT_NVFP4 in (ck_id, rd.fmt_id) and mode != MODE_CONV
-    grid = (H * triton.cdiv(P, bp), batch)
-    mamba2_kernel[grid](
-        *ckpt.kernel_args(), *rd.kernel_args(), fresh,
-        *ring, state_indices,
+    hpp = cache.heads_per_program
+    ring_id = _RING_IDS[cache.ring_x.dtype]
+    rx, rB = cache.ring_x, cache.ring_B
+    if ring_id != RING_FP32:
+        rx, rB = rx.view(torch.int16), rB.view(torch.int16)
+    L, LR = cache.window, cache.ring_x.shape[1]
+    npb = triton.cdiv(P, bp)
+    fb = FLUSH_ROWS
+    mamba2_kernel[(H // hpp, x.shape[0])](
+        *ckpt.kernel_args(), *rd.kernel_args(),
+        cache.fresh if cache.fresh is not None else ckpt.codes,
+        rx, rB, cache.ring_dt, cache.ring_len, cache.steps, cache.tickets, state_indices,
         x, dt, B, C, z if z is not None else x, out, params.A,
         params.D if params.D is not None else params.A,
         params.dt_bias if params.dt_bias is not None else params.A,
-        as_int32(seed), as_int32(seed + 1),
+        as_int32(cache.seed), as_int32(cache.seed + 1),
         *_strides(x, tok), *_strides(dt, tok), *_strides(B, tok), *_strides(C, tok),
         *_strides(z, tok), *_strides(out, tok),
         H, G, P, L, LR,
-        N=N, BLOCK_P=bp, FB=min(bp, flush_rows), RB=rb, T=T, MODE=mode, CK_FMT=ck_id,
-        RD_FMT=rd.fmt_id,
-        SPLIT=read is not None, RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
+        N=N, BLOCK_P=bp, NPB=npb, HPP=hpp, NT=hpp * npb, FB=fb, NQ=triton.cdiv(P, fb),
+        RB=max(16, triton.next_power_of_2(L)), T=T, TB=max(2, triton.next_power_of_2(T)),
+        MODE=mode, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None,
+        RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
         HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-        WRITE_FRESH=cache is not None and cache.fresh is not None, COUNT_STEPS=count_steps,
-        NEED_AMAX=need_amax, num_warps=nw,
+        WRITE_FRESH=cache.fresh is not None, NEED_AMAX=FMT_NVFP4 in ids,
+        num_warps=nw,
     )
-
-
-_TICKETS: dict[int, torch.Tensor] = {}
-
-
-def _tickets_for(steps: torch.Tensor) -> torch.Tensor:
-    """A zeroed ticket tensor paired with a conventional step counter."""
-    key = steps.data_ptr()
-    t = _TICKETS.get(key)
-    if t is None or t.numel() != steps.numel() or t.device != steps.device:
-        t = torch.zeros_like(steps)
-        _TICKETS[key] = t
-    return t
 
 
 def mamba2_step(
@@ -303,13 +314,27 @@ def mamba2_step(
     a new checkpoint (and read copy) and outputs from the fresh fp32 state.
     Returns ``y`` (batch, heads, P) float32 (or ``out``).
     """
+    if cache.speculative:
+        raise ValueError("a speculative cache advances with mamba2_verify / mamba2_commit")
     idx = state_indices if state_indices is not None else slot_indices(x.shape[0], x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    launch(MODE_STEP, cache.ckpt, cache.read, cache, x, dt, B, C, params, z=z, out=out,
-           state_indices=idx, T=1, dt_softplus=dt_softplus, seed=cache.seed,
-           block_p=block_p, num_warps=num_warps)
+    launch_replay(MODE_STEP, cache, x, dt, B, C, params, z=z, out=out, state_indices=idx, T=1,
+                  dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps)
     return out
+
+
+_TICKETS: dict[int, torch.Tensor] = {}
+
+
+def _tickets_for(steps: torch.Tensor) -> torch.Tensor:
+    """A zeroed ticket tensor paired with a conventional step counter."""
+    key = steps.data_ptr()
+    t = _TICKETS.get(key)
+    if t is None or t.numel() != steps.numel() or t.device != steps.device:
+        t = torch.zeros_like(steps)
+        _TICKETS[key] = t
+    return t
 
 
 def mamba2_conventional_step(
@@ -335,10 +360,26 @@ def mamba2_conventional_step(
     with ``seed`` and ``step = steps[slot]``, which the kernel then increments;
     ``steps`` is an int32 (slots,) tensor).  Shapes as :func:`mamba2_step`.
     """
+    slots, H, P, N = state.shape
+    _check_inputs(x, dt, B, C, z, out)
     idx = state_indices if state_indices is not None else slot_indices(x.shape[0], x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    launch(MODE_CONV, state, None, None, x, dt, B, C, params, z=z, out=out, state_indices=idx,
-           T=1, dt_softplus=dt_softplus, seed=seed, steps=steps, block_p=block_p,
-           num_warps=num_warps)
+    fid = state.fmt_id
+    count = fid in (FMT_BF16_SR, FMT_FP16_SR)
+    if count and steps is None:
+        raise ValueError("stochastic-rounding conventional steps need a `steps` counter tensor")
+    bp = pick_block_p(P, N, (fid,), block_p, minimum=1)
+    counter = steps if steps is not None else idx
+    mamba2_conv_kernel[(H * triton.cdiv(P, bp), x.shape[0])](
+        *state.kernel_args(), counter, _tickets_for(counter), idx,
+        x, dt, B, C, z if z is not None else x, out, params.A,
+        params.D if params.D is not None else params.A,
+        params.dt_bias if params.dt_bias is not None else params.A, as_int32(seed),
+        x.stride(0), dt.stride(0), B.stride(0), C.stride(0), z.stride(0) if z is not None else 0,
+        out.stride(0), H, B.shape[-2], P,
+        N=N, BLOCK_P=bp, FMT=fid, HAS_Z=z is not None, HAS_D=params.D is not None,
+        HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, COUNT_STEPS=count,
+        num_warps=pick_warps(bp, N, num_warps),
+    )
     return out

@@ -13,8 +13,8 @@ import sys
 
 import torch
 
-_MODULES = ("tl_formats", "tl_common", "state", "codec", "mamba2_kernel", "mamba2_step",
-            "mamba2_spec", "mamba2_backend", "backend")
+_MODULES = ("tl_formats", "tl_common", "state", "codec", "mamba2_conv", "mamba2_kernel",
+            "mamba2_step", "mamba2_spec", "mamba2_backend", "backend")
 
 
 def kernel_device() -> str:

@@ -6,20 +6,26 @@ Ring layout (per state slot, capacity ``L`` entries, entry ``i`` = the i-th step
 since the checkpoint): ``ring_x (slots, L, heads, P)``, ``ring_B (slots, L,
 groups, N)`` in the ring dtype (``RING_*``: fp32, or bf16/fp16 as int16 bits),
 ``ring_dt (slots, L, heads)`` float32.  Counters are int32 per slot:
-``ring_len`` (committed entries in the low 16 bits; the high bits pick the ring
-half for speculative caches), ``steps`` (decode steps taken, the SR step),
-``tickets`` (zero between launches).
+``ring_len`` (speculative caches: committed entries in the low 16 bits, the ring
+half above), ``steps`` (tokens committed, the SR step), ``tickets`` (the clock).
+
+Counter protocols (no host synchronisation, CUDA-graph capturable):
+
+* clock (replay steps): every program of a slot reads ``tickets[slot]`` once and
+  then adds 1 without waiting for the result.  Within one launch at most
+  ``programs_per_slot - 1`` other increments can precede a read, so
+  ``tickets // programs_per_slot`` is the same step count ``k`` for every program
+  of the launch; the ring position is ``k mod L``.
+* ticket (conventional steps with stochastic rounding): every program reads
+  ``steps[slot]``, takes a ticket at its end (atomic add), and the program that
+  draws the last ticket publishes ``steps + 1`` (:func:`finish_slot`).
+* speculative caches: ``ring_len`` / ``steps`` are written only by the commit
+  kernel, one program per batch row.
 
 Speculative caches hold two ring halves of ``L`` entries (``LR = 2L`` rows per
 slot): a verify that must flush reads the committed entries of one half while
 its drafts go to the other, so no program overwrites entries that another
 program of the same launch still reads.
-
-Counter protocol: every program of a slot reads ``ring_len``/``steps`` at its
-start; at its end it takes a ticket (atomic add); the program that draws the
-last ticket writes the new counters and resets the ticket.  All programs of the
-slot have read the old values by then, so one launch per step is race-free and
-CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -115,22 +121,6 @@ def decay_weights(dts, cum, offs_r, q):
     last = tl.sum(tl.where(offs_r == q, cum, 0.0), axis=0)
     w = dts * tl.where(offs_r <= q, tl.exp(last - cum), 0.0)
     return last, w
-
-
-@triton.jit
-def fold_ring(acc, w, offs_r, n, rx_b, rB_b, rows, mask, HP, GN, N: tl.constexpr,
-              RB: tl.constexpr, RING: tl.constexpr):
-    """``acc + sum_{i<n} (w_i x_i) B_i^T`` over the tile rows ``rows``, with x_i and B_i
-    re-read entry by entry from the ring (L1/L2-hot): a loop instead of a rank-n dot
-    keeps the flush path's registers as low as the output path's."""
-    offs_n = tl.arange(0, N)
-    for i in range(RB):  # constant trip count, entries past n skipped
-        if i < n:
-            w_i = tl.sum(tl.where(offs_r == i, w, 0.0), axis=0)
-            x_i = ring_load(rx_b + i * HP + rows, mask, RING)
-            B_i = ring_load(rB_b + i * GN + offs_n, offs_n < N, RING)
-            acc += (w_i * x_i)[:, None] * B_i[None, :]
-    return acc
 
 
 @triton.jit

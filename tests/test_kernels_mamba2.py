@@ -142,21 +142,30 @@ DESIGNS = [
 
 @pytest.mark.parametrize("design,ring_dtype", DESIGNS, ids=[d.label for d, _ in DESIGNS])
 def test_design_runner_matches_torch(design, ring_dtype) -> None:
+    """Each step within 1e-5 of the torch runner fed the kernel's own stored copies
+    (the step's arithmetic); the stored bits equal formats.encode of the kernel's
+    fresh fp32 state; and end to end within 1e-5 of an independent torch runner
+    for fp32 copies (lossy copies: a code can flip on a last-bit difference)."""
     batch, seed = 3, 5
     kind, params, raws = setup(steps=2 * design.window + 1, batch=batch)
     S0 = state0(batch)
     ref = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
+    mirror = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     cache = ours.cache
+    lossless = design.read_format == design.checkpoint_format == "fp32"
     for t, raw in enumerate(raws):
         inp = kind.prepare(raw, params, ring_dtype)
+        mirror.ckpt, mirror.read = cache.ckpt.decode(), cache.reader.decode()
+        y_mir, S_mir = mirror.step(inp, t)
         y_ref, S_ref = ref.step(inp, t)
         y, S = ours.step(inp, t)
-        assert rel(y, y_ref) < TOL, f"step {t}"
+        assert rel(y, y_mir) < TOL, f"step {t}"
+        assert rel(y, y_ref) < (TOL if lossless else 1e-3), f"step {t}"
         assert (S is None) == (S_ref is None)
         if S is None:
             continue
-        assert rel(S, S_ref) < TOL
+        assert rel(S, S_mir) < TOL
         if design.checkpoint_format == "fp32":
             assert torch.equal(cache.ckpt.codes, S)
         else:
@@ -164,7 +173,7 @@ def test_design_runner_matches_torch(design, ring_dtype) -> None:
         if cache.read is not None:
             assert_store_bits(cache.read, S, seed + 1, t)
     assert cache.committed().tolist() == [len(raws) % design.window] * batch
-    assert cache.steps.tolist() == [len(raws)] * batch
+    assert cache.steps_taken().tolist() == [len(raws)] * batch
 
 
 def test_replay_slots_padding_and_bf16_inputs() -> None:
@@ -174,7 +183,8 @@ def test_replay_slots_padding_and_bf16_inputs() -> None:
     S_all = state0(5)
     idx = torch.tensor([4, -1, 1], dtype=torch.int32, device=DEV)
     cache = Mamba2Cache.allocate(5, H, P, N, G, checkpoint_format="fp32",
-                                 read_format="fp8-e4m3", window=L, device=DEV, seed=1)
+                                 read_format="fp8-e4m3", window=L, device=DEV, seed=1,
+                                 heads_per_program=2)
     cache.load_state(S_all)
     keep = idx >= 0
     rows = idx[keep].long()
@@ -183,6 +193,8 @@ def test_replay_slots_padding_and_bf16_inputs() -> None:
     head = HeadParams(params.A, params.D, params.dt_bias)
     for t, raw in enumerate(raws):
         r16 = {k: v.to(torch.bfloat16) for k, v in raw.items()}
+        ref.ckpt = cache.ckpt.decode()[rows]  # the kernel's own copies (fp8 read)
+        ref.read = cache.reader.decode()[rows]
         y = mamba2_step(cache, r16["x"], r16["dt_raw"], r16["B"], r16["C"], head, z=r16["z"],
                         state_indices=idx, dt_softplus=True)
         sub = {k: v[keep].float() for k, v in r16.items()}
@@ -190,7 +202,7 @@ def test_replay_slots_padding_and_bf16_inputs() -> None:
         assert rel(y[keep], y_ref) < TOL
         assert torch.all(y[~keep] == 0)
     assert cache.committed().tolist() == [0, 1, 0, 0, 1]
-    assert cache.steps.tolist() == [0, 4, 0, 0, 4]
+    assert cache.steps_taken().tolist() == [0, 4, 0, 0, 4]
 
 
 # ----------------------------------------------------------- speculative decoding
@@ -211,7 +223,7 @@ def test_verify_commit_matches_torch_speculative(design) -> None:
     cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=design.checkpoint_format,
                                  read_format=None if design.kind == "shared" else
                                  design.read_format, window=design.window, device=DEV,
-                                 seed=seed, speculative=True)
+                                 seed=seed, speculative=True, heads_per_program=2)
     cache.load_state(S0)
     head = HeadParams(params.A, params.D)
     gen = torch.Generator().manual_seed(0)
@@ -220,10 +232,11 @@ def test_verify_commit_matches_torch_speculative(design) -> None:
         y_ref = torch.stack(ref.verify(drafts), dim=1)
         y = mamba2_verify(cache, _stack(drafts, "x"), _stack(drafts, "dt"), _stack(drafts, "B"),
                           _stack(drafts, "C"), head, z=_stack(drafts, "z"))
-        assert rel(y, y_ref) < TOL, f"verify {it}"
+        # a lossy read copy may flip a code on a last-bit difference of the flush
+        assert rel(y, y_ref) < (TOL if design.read_format == "fp32" else 1e-3), f"verify {it}"
         n = torch.randint(1, T + 1, (batch,), generator=gen).to(DEV)
         ref.commit(n)
-        mamba2_commit(cache, n.to(torch.int32))
+        mamba2_commit(cache, n.to(torch.int32), T)
     assert cache.committed().tolist() == ref.committed.tolist()
 
 
@@ -246,7 +259,7 @@ def test_spec_accepted_outputs_equal_plain_decoding() -> None:
         y = mamba2_verify(spec, _stack(d, "x"), _stack(d, "dt"), _stack(d, "B"), _stack(d, "C"),
                           head, z=_stack(d, "z"))
         assert rel(y[:, :n], y_plain[:, pos:pos + n]) < TOL, f"tokens {pos}..{pos + n}"
-        mamba2_commit(spec, torch.full((batch,), n, dtype=torch.int32, device=DEV))
+        mamba2_commit(spec, torch.full((batch,), n, dtype=torch.int32, device=DEV), T)
         pos += n
 
 
@@ -278,7 +291,7 @@ def test_cuda_graph_replay_walks_the_window() -> None:
         g.replay()
         assert torch.equal(out, y)
     assert torch.equal(graphed.ckpt.codes, eager.ckpt.codes)
-    assert graphed.steps.tolist() == [2 * L + 1] * batch
+    assert graphed.steps_taken().tolist() == [2 * L + 1] * batch
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the engine's triton backend needs a GPU")
