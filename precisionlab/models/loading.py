@@ -26,7 +26,7 @@ SUPPORTED_MODEL_TYPES = {
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-MIN_TRANSFORMERS = "5.0"
+MIN_TRANSFORMERS = (5, 17)  # oldest release tested (5.17 and 5.24)
 
 
 def require_transformers():
@@ -36,10 +36,10 @@ def require_transformers():
     except ImportError:
         raise ModelError("model-level studies need transformers: pip install "
                          "'precisionlab[models]'") from None
-    major = int(transformers.__version__.split(".")[0])
-    if major < 5:
-        raise ModelError(f"transformers {transformers.__version__} is too old; "
-                         f"model-level studies need transformers>={MIN_TRANSFORMERS}")
+    version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
+    if version < MIN_TRANSFORMERS:
+        raise ModelError(f"transformers {transformers.__version__} is too old; model-level "
+                         f"studies need transformers>={'.'.join(map(str, MIN_TRANSFORMERS))}")
     return transformers
 
 
