@@ -7,7 +7,8 @@ One forward pass carries every configuration: the batch is laid out in groups of
 ``batch`` rows, group 0 the reference and group g the g-th design, all fed the
 same tokens (the study teacher-forces the reference's greedy tokens).  Attention,
 FFN and every other non-SSM computation is transformers' own and is per row, so
-rows of different groups never mix.
+rows of different groups never mix (batched kernels may round rows of different
+groups differently in the last bit: fp32 designs match the reference to ~1e-7).
 
 Each SSM mixer's ``forward`` is wrapped per instance while a :class:`DesignDecode`
 is open (the wrapper is an instance attribute, removed on exit; transformers'
@@ -32,15 +33,25 @@ engine does at step -1).  For every decode step the wrapper
 3. hands the SSM output back to the mixer's gated norm and output projection.
 
 So the design's state never passes through the transformers cache during decode
-(its recurrent-state tensor keeps the prefill state); no equivalence argument
-(replay versus "step from a decoded copy") is needed because the engine's replay
-itself produces the output.  As in the engine, the reference consumes the inputs
-rounded to the ring dtype, so errors measure the state's storage; with
+(its recurrent-state tensor keeps the prefill state and is stale afterwards).  The
+engine's replay itself produces each output, so no equivalence is relied on.  For
+the record, the alternative (run the mixer's own step on a cache state set to the
+decoded read copy advanced over the ring) would agree with it: exactly, up to fp32
+summation order, for Mamba-2 (linear in the state); for GDN only up to the ring's
+rounding of ``d``, because ``d_t = beta_t (v_t - alpha_t S_{t-1} k_t)`` depends on the
+state: advancing the read copy recomputes each ``d`` in fp32 where the engine reads the
+ring's stored (ring-dtype) ``d``; and a split design's flush folds the ring into its
+own *checkpoint* with every ``d`` recomputed from that checkpoint, so the design's
+copies have to be kept outside the cache either way.  As in the engine, the
+reference consumes the inputs rounded to the ring dtype, so errors measure the
+state's storage; with
 ``ring_dtype="fp32"`` the reference is the model's exact recurrence (fp64 state).
 
-Limits: every SSM layer of one design uses the same design (the per-layer SR seed
-is ``seed + 2 * layer_index``, its read copy ``+ 1``); prefill is exact for all;
-the torch backend only (the Triton kernels are not used here).
+Limits: every SSM layer of one configuration uses the same design (its stochastic
+rounding seed is ``seed + 2 * layer_index``, the read copy's ``+ 1``, so layers draw
+independent bits); the prompt is exact for every configuration; decoding is one
+token per step (no speculative drafts); the torch emulation backend only (the
+Triton kernels are not used here).
 """
 
 from __future__ import annotations
