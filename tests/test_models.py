@@ -374,3 +374,21 @@ def test_engine_replay_of_a_captured_gdn_trace_matches_the_model(tmp_path):
         y = kind.reference_step_(S, inp.to(torch.float64), params)
         assert torch.allclose(y.float(), outs[t], atol=1e-6), t
     assert engine.resolve_device("cpu").type == "cpu"
+
+
+def test_multimodal_qwen35_checkpoint_loads_its_text_model(tmp_path):
+    """Qwen3.5 checkpoints ship as Qwen3_5ForConditionalGeneration; the text model
+    (with every weight) is what model-level studies load."""
+    from transformers.models.qwen3_5 import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  patch_size=4, temporal_patch_size=1, spatial_merge_size=1)
+    config = Qwen3_5Config(text_config=build_config("tiny-gdn", layers=2).to_dict(),
+                           vision_config=vision, architectures=["Qwen3_5ForConditionalGeneration"])
+    full = Qwen3_5ForConditionalGeneration(config).eval()
+    full.save_pretrained(str(tmp_path))
+    hm = load_checkpoint(tmp_path, device="cpu")
+    assert hm.architecture == "Qwen3_5ForCausalLM" and hm.ssm_layers == [0, 1]
+    originals = [p for p in full.parameters()]
+    for name, p in hm.model.named_parameters():
+        assert any(q.shape == p.shape and torch.equal(q, p) for q in originals), name
