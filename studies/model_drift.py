@@ -24,6 +24,7 @@ from precisionlab.models import HybridModel, ModelError, open_model
 from precisionlab.models.loading import dtype_of
 from precisionlab.models.prompts import DEFAULT_PROMPT_TOKENS, prompt_ids
 from precisionlab.models.runtime import DesignDecode, rel_l2
+from precisionlab.models.synthetic import architecture_of
 
 from .drift import (
     DEFAULT_BATCH,
@@ -203,6 +204,7 @@ def model_drift(
         "kind": hm.kind,
         "architecture": hm.architecture,
         "weights": hm.weights,
+        **({"synthetic_dims": architecture_of(hm.preset).note} if hm.preset is not None else {}),
         "trace": f"whole-model decode ({hm.architecture}, {hm.weights})",
         **{f"dim_{k}": v for k, v in shape0.dims().items()},
         "ssm_layers": len(hm.ssm_layers),

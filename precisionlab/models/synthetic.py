@@ -15,8 +15,9 @@ Weights (seeded): every SSM layer's per-head ``A_log`` / ``dt_bias`` are those o
 seeded per layer; linear layers are N(0, 1/fan_in) so activations keep unit scale;
 token embeddings N(0, 1); the LM head is scaled so logits have a standard deviation
 of about :data:`LOGIT_STD` (peaked next-token distributions, as in trained models,
-rather than near-uniform ones); norms and conv biases keep transformers' own
-initialisation; depthwise conv kernels are N(0, 1/width).
+rather than near-uniform ones; a tied embedding takes the LM head's scale);
+depthwise conv kernels N(0, 1/width), biases zero; norms, routers and rotary
+buffers keep transformers' own initialisation (global RNG seeded with ``seed``).
 """
 
 from __future__ import annotations
