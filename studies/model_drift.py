@@ -43,10 +43,10 @@ class ModelStudyError(StudyError, ModelError):
     """Bad input to a model-level study (both a StudyError and a ModelError)."""
 
 
-def _step_metrics(ref: torch.Tensor, out: torch.Tensor, token: torch.Tensor) -> dict:
+def _step_metrics(ref: torch.Tensor, lp_ref: torch.Tensor, out: torch.Tensor,
+                  token: torch.Tensor) -> dict:
     """Per-sequence metrics of logits ``out`` against ``ref`` (both (batch, vocab));
-    ``token`` is the reference's greedy token."""
-    lp_ref = torch.log_softmax(ref.double(), dim=-1)
+    ``lp_ref`` is the reference's fp64 log-softmax, ``token`` its greedy token."""
     lp = torch.log_softmax(out.double(), dim=-1)
     kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).clamp_min(0.0)
     dlogp = (lp.gather(-1, token[:, None]) - lp_ref.gather(-1, token[:, None])).abs()[:, 0]
@@ -132,10 +132,11 @@ def model_drift(
             logits = dd.step(token)
             ref = logits[:b]
             nxt = ref.argmax(-1)
+            lp_ref = torch.log_softmax(ref.double(), dim=-1)
             out_err, state_err = dd.ssm_out_err.numpy(), dd.state_err.numpy()
             for j, (a, f, w) in enumerate(index):
                 m = {k: v.cpu().numpy() for k, v in
-                     _step_metrics(ref, logits[(j + 1) * b:(j + 2) * b], nxt).items()}
+                     _step_metrics(ref, lp_ref, logits[(j + 1) * b:(j + 2) * b], nxt).items()}
                 at = (a, f, w, t)
                 arr["rel_err"][at] = m["rel"].mean()
                 arr["rel_err_max"][at] = m["rel"].max()
