@@ -51,6 +51,16 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class Level(str, Enum):
+    layer = "layer"
+    model = "model"
+
+
+class ModelDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
 class PlotKind(str, Enum):
     curves = "curves"
     window = "window"
@@ -64,11 +74,12 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     from precisionlab import export, gates, plots
     from precisionlab.designs import DesignError
     from precisionlab.engine import EngineError
+    from precisionlab.models import ModelError
     from precisionlab.presets import UnknownModelError
     from precisionlab.traces import TraceError
 
     return (StudyError, DesignError, EngineError, TraceError, FormatError, UnknownFormatError,
-            UnknownModelError, export.ResultError, plots.PlotError, gates.GateError)
+            UnknownModelError, export.ResultError, plots.PlotError, gates.GateError, ModelError)
 
 
 def fail(message: str, code: int = USAGE_EXIT) -> None:
@@ -95,16 +106,26 @@ def _summary_table(ds, title: str) -> Table:
     from precisionlab.metrics import summarise
 
     final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
+    model_level = "kl" in ds
     table = Table(title=title, title_justify="left")
-    for col in ("design", "format", "window", "final", "peak", "mean", "growth"):
+    cols = ["design", "format", "window", "final", "peak", "mean", "growth"]
+    if model_level:
+        cols += ["KL (mean)", "top-1 agree", "first divergence"]
+    for col in cols:
         table.add_column(col, justify="right" if col not in ("design", "format") else "left")
     for d in ds["design"].values:
         for f in ds["format"].values:
             for w in ds["window"].values:
                 sel = {"design": d, "format": f, "window": w}
-                table.add_row(str(d), str(f), str(int(w)), f"{float(final.sel(sel)):.3e}",
-                              f"{float(peak.sel(sel)):.3e}", f"{float(mean.sel(sel)):.3e}",
-                              f"{float(ds['growth'].sel(sel)):+.2f}")
+                row = [str(d), str(f), str(int(w)), f"{float(final.sel(sel)):.3e}",
+                       f"{float(peak.sel(sel)):.3e}", f"{float(mean.sel(sel)):.3e}",
+                       f"{float(ds['growth'].sel(sel)):+.2f}"]
+                if model_level:
+                    first = float(ds["first_divergence"].sel(sel))
+                    row += [f"{float(ds['kl'].sel(sel).mean()):.3e}",
+                            f"{float(ds['top1_agree'].sel(sel).mean()):.3f}",
+                            "never" if first != first else str(int(first))]
+                table.add_row(*row)
     return table
 
 
@@ -190,13 +211,35 @@ def drift(
     device: Device = Device.auto,
     out_path: OutOpt = None,
     plot: PlotOpt = None,
+    level: Annotated[Level, typer.Option(
+        help="layer: one SSM layer on a trace; model: a whole hybrid model (transformers) "
+             "with every SSM layer's state under the design.")] = Level.layer,
+    layers: Annotated[int | None, typer.Option(
+        help="Model level: number of SSM layers to build (preset) or keep (checkpoint).")] = None,
+    prompt: Annotated[Path | None, typer.Option(
+        help="Model level: a text file tokenized with the checkpoint's tokenizer "
+             "(default: seeded token ids).")] = None,
+    dtype: Annotated[ModelDtype, typer.Option(help="Model level: weights dtype.")] = (
+        ModelDtype.fp32),
 ) -> None:
-    """Drift of each (design, format, window) against the fp64 reference."""
-    from precisionlab.studies import drift as study
+    """Drift of each (design, format, window) against the fp64 reference.
 
+    --model takes a preset, a trace file, or (with --level model) a local Hugging Face
+    checkpoint directory."""
     opts = _study_options(model, format, window, checkpoint_format, steps, batch, seed, dynamics,
                           ring_dtype, backend, device)
     opts["designs"] = design or ["shared", "split"]
+    if level is Level.model:
+        from precisionlab.studies.model_drift import model_drift as study
+
+        for key in ("dynamics", "backend"):
+            opts.pop(key)
+        opts.update(layers=layers, prompt=prompt, dtype=dtype.value)
+    else:
+        from precisionlab.studies import drift as study
+
+        if layers is not None or prompt is not None:
+            fail("--layers and --prompt need --level model")
     guarded(lambda: _run_study(ctx, study, out_path or _default_out(model, "drift"), plot,
                                "curves", **opts))
 
@@ -475,6 +518,36 @@ def trace_save(
             fail(f"cannot write {str(out_path)!r}: folder {str(parent)!r} does not exist")
         out.print(f"wrote {save_trace(trace, out_path)} ({trace.steps} steps, batch "
                   f"{trace.batch})")
+
+    guarded(run)
+
+
+@trace_app.command("capture")
+def trace_capture(
+    model: Annotated[str, typer.Option("--model", "-m", help="Checkpoint directory or preset.")],
+    out_path: Annotated[Path, typer.Option(
+        "--out", "-o", help="Base name: one OUT.L<i>.safetensors per SSM layer i.")],
+    prompt: Annotated[Path | None, typer.Option(help="Text file (default: seeded ids).")] = None,
+    steps: StepsOpt = 256,
+    layer: Annotated[list[int] | None, typer.Option(
+        "--layer", help="Decoder-layer index of an SSM layer to record (repeatable; "
+                        "default all).")] = None,
+    batch: BatchOpt = 2,
+    seed: int = 0,
+    device: Device = Device.auto,
+    dtype: ModelDtype = ModelDtype.fp32,
+) -> None:
+    """Record the per-step SSM inputs of a real decode (replay with `drift --model FILE`)."""
+    from precisionlab.models.capture import capture_trace
+
+    if out_path.suffix != ".safetensors":
+        fail(f"trace files end in .safetensors, got {str(out_path)!r}")
+
+    def run():
+        paths = capture_trace(model, prompt, steps, out_path, layers=layer or None, batch=batch,
+                              seed=seed, device=device.value, dtype=dtype.value)
+        for p in paths:
+            out.print(f"wrote {p}")
 
     guarded(run)
 

@@ -3,7 +3,8 @@ stored in a low-precision format, as one shared copy or as a split checkpoint pl
 read copy, replayed over a window L?
 
 Notebook API: ``precisionlab.drift``, ``precisionlab.compare``,
-``precisionlab.window_sweep`` (studies returning ``xarray.Dataset``),
+``precisionlab.window_sweep``, ``precisionlab.model_drift`` (studies returning
+``xarray.Dataset``), ``precisionlab.capture_trace``,
 ``precisionlab.save_result`` / ``load_result``, ``precisionlab.plot``.
 """
 
@@ -18,6 +19,8 @@ _LAZY = {
     "save_result": ("precisionlab.export", "save_result"),
     "load_result": ("precisionlab.export", "load_result"),
     "plot": ("precisionlab.plots", "save_plot"),
+    "model_drift": ("precisionlab.studies.model_drift", "model_drift"),
+    "capture_trace": ("precisionlab.models.capture", "capture_trace"),
 }
 
 

@@ -161,3 +161,28 @@ def test_console_script_runs():
     bad = subprocess.run([sys.executable, "-m", "precisionlab.cli", "drift", "--model", "x"],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "unknown model" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_model_level_drift_and_capture(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "m.nc"
+    r = invoke("drift", "--level", "model", "--model", "tiny-mamba2", "--format", "nvfp4",
+               "-L", "4", "--steps", "12", "--batch", "1", "--device", "cpu", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert "top-1 agree" in r.output and "first divergence" in r.output
+    from precisionlab.export import load_result
+
+    ds = load_result(out)
+    assert {"kl", "top1_agree", "dlogp_mean", "dlogp_p95"} <= set(ds.data_vars)
+    assert "synthetic weights" in ds.attrs["weights"]
+    base = tmp_path / "cap.safetensors"
+    c = invoke("trace", "capture", "--model", "tiny-gdn", "--steps", "10", "--out", str(base),
+               "--batch", "1", "--device", "cpu")
+    assert c.exit_code == 0, c.output
+    written = sorted(tmp_path.glob("cap.L*.safetensors"))
+    assert written, c.output
+    d = invoke("drift", "--model", str(written[0]), "--format", "fp8-e4m3", "-L", "4",
+               "--device", "cpu", "--out", str(tmp_path / "replay.csv"))
+    assert d.exit_code == 0, d.output
+    bad = invoke("drift", "--level", "model", "--model", str(tmp_path / "no-such-ckpt"))
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
