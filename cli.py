@@ -68,14 +68,13 @@ class PlotKind(str, Enum):
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean 'bad input': reported in one line, exit 2."""
-    from precisionlab.formats import FormatError, UnknownFormatError
-    from precisionlab.studies import StudyError
-
     from precisionlab import export, gates, plots
     from precisionlab.designs import DesignError
     from precisionlab.engine import EngineError
+    from precisionlab.formats import FormatError, UnknownFormatError
     from precisionlab.models import ModelError
     from precisionlab.presets import UnknownModelError
+    from precisionlab.studies import StudyError
     from precisionlab.traces import TraceError
 
     return (StudyError, DesignError, EngineError, TraceError, FormatError, UnknownFormatError,
@@ -389,9 +388,8 @@ def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 @app.command()
 def formats(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the state formats."""
-    from precisionlab.formats.info import describe
-
     from precisionlab import formats as fmts
+    from precisionlab.formats.info import describe
 
     rows = [describe(n) for n in fmts.names()]
     if as_json:
@@ -505,7 +503,6 @@ def trace_save(
 ) -> None:
     """Save a synthetic trace of a preset to a file that `drift --model FILE` replays."""
     from precisionlab.studies.drift import open_model
-
     from precisionlab.traces import save_trace
 
     if out_path.suffix != ".safetensors":

@@ -22,6 +22,7 @@ import statistics
 import time
 
 import torch
+
 from precisionlab.formats import get, names
 
 

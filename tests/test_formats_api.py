@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import precisionlab.formats as F
 import pytest
 import torch
+
+import precisionlab.formats as F
 from precisionlab.formats import Format, FormatError, Packed, UnknownFormatError
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")

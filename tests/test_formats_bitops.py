@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+
 from precisionlab.formats.bitops import (
     E2M1,
     E4M3,

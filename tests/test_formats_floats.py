@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+
 from precisionlab.formats import get
 
 NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")

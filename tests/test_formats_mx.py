@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+
 from precisionlab.formats import FormatError, get
 from precisionlab.formats.bitops import unpack_nibbles
 

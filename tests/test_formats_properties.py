@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+
 from precisionlab.formats import get
 
 NAMES = ["bf16", "fp16", "bf16-sr", "fp16-sr", "fp8-e4m3", "fp8-e5m2", "mxfp8", "nvfp4", "mxfp4"]

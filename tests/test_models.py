@@ -12,8 +12,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from precisionlab.studies.drift import StudyError  # noqa: E402
-
 from precisionlab import engine  # noqa: E402
 from precisionlab.designs import TorchDesignRunner, make_design  # noqa: E402
 from precisionlab.kinds import kind_for, ring_dtype_of  # noqa: E402
@@ -36,6 +34,7 @@ from precisionlab.models.synthetic import (  # noqa: E402
     layer_plan,
 )
 from precisionlab.presets import PRESETS, Preset  # noqa: E402
+from precisionlab.studies.drift import StudyError  # noqa: E402
 from precisionlab.traces import SavedTrace, TraceError  # noqa: E402
 
 FAMILIES = ("nemotron_h", "qwen3_5", "mamba2", "qwen3_next")
@@ -176,11 +175,10 @@ def test_design_rows_run_the_engine_runner(checkpoints, family):
 
 
 def test_model_drift_on_a_preset(tmp_path):
-    from precisionlab.studies.model_drift import ModelStudyError, model_drift
-
     from precisionlab.export import load_result, save_result
     from precisionlab.gates import check
     from precisionlab.plots import save_plot
+    from precisionlab.studies.model_drift import ModelStudyError, model_drift
 
     ticks = []
     # fp32 ring: GDN's ring of d values is then exact too, so fp32 designs are exact
