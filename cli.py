@@ -474,8 +474,7 @@ def _write_bench(ds, path: Path) -> None:
     from precisionlab.export import save_result
 
     if path.suffix == ".json":
-        import os
-        import tempfile
+        from precisionlab.atomic import atomic_path
 
         doc = {"attrs": {k: str(v) for k, v in ds.attrs.items()},
                "data": json.loads(ds.to_dataframe().reset_index().to_json(orient="records"))
@@ -483,10 +482,8 @@ def _write_bench(ds, path: Path) -> None:
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
             fail(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as fh:
+        with atomic_path(path) as tmp, open(tmp, "w") as fh:
             json.dump(doc, fh, indent=2)
-        os.replace(tmp, path)
     else:
         save_result(ds, path)
     out.print(f"wrote {path}")

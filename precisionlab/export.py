@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import xarray as xr
+
+from .atomic import atomic_path
 
 SUFFIXES = (".nc", ".zarr", ".csv")
 CSV_HEADER = "# precisionlab-result "
@@ -83,18 +83,6 @@ def _netcdf_attrs(attrs: dict) -> dict:
     return out
 
 
-def _atomic(path: Path, write) -> None:
-    tmp_dir = tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.")
-    tmp = Path(tmp_dir) / path.name
-    try:
-        write(tmp)
-        if path.is_dir():  # a zarr store being replaced: move the old one aside first
-            os.replace(path, Path(tmp_dir) / (path.name + ".old"))
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-
-
 def save_result(ds: xr.Dataset, path: str | os.PathLike) -> Path:
     """Write ``ds`` to ``path`` (type from its suffix), atomically."""
     path = check_writable(path)
@@ -102,19 +90,18 @@ def save_result(ds: xr.Dataset, path: str | os.PathLike) -> Path:
     ds = ds.copy()
     ds.attrs = _netcdf_attrs(ds.attrs)
     if suffix == ".nc":
-        _atomic(path, lambda p: ds.to_netcdf(p, engine="h5netcdf"))
+        with atomic_path(path) as tmp:
+            ds.to_netcdf(tmp, engine="h5netcdf")
     elif suffix == ".zarr":
-        _atomic(path, lambda p: ds.to_zarr(p, mode="w", zarr_format=2, consolidated=True))
+        with atomic_path(path) as tmp:
+            ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
     else:
         config_vars = [v for v in ds.data_vars if ds[v].dims != STEP_DIMS]
         header = CSV_HEADER + json.dumps({**ds.attrs, "_config_vars": json.dumps(config_vars)})
 
-        def write_csv(p: Path) -> None:
-            with open(p, "w", newline="") as fh:
-                fh.write(header + "\n")
-                to_tidy(ds).to_csv(fh, index=False)
-
-        _atomic(path, write_csv)
+        with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
+            fh.write(header + "\n")
+            to_tidy(ds).to_csv(fh, index=False)
     return path
 
 

@@ -4,7 +4,6 @@ a bound and/or within a tolerance of a baseline result."""
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -12,6 +11,7 @@ from xml.etree import ElementTree as ET
 import numpy as np
 import xarray as xr
 
+from .atomic import atomic_path
 from .metrics import summarise
 
 CONFIG_DIMS = ("design", "format", "window")
@@ -126,12 +126,6 @@ def write_junit(checks: list[GateCheck], path: str | os.PathLike, at: str | int)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise GateError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         ET.ElementTree(suite).write(tmp, encoding="utf-8", xml_declaration=True)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 import xarray as xr  # noqa: E402
 
+from .atomic import atomic_path  # noqa: E402
 from .metrics import output_steps, summarise  # noqa: E402
 
 PLOT_KINDS = ("curves", "window")
@@ -109,13 +109,9 @@ def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves") -> 
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise PlotError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
     fig = curves_figure(ds) if kind == "curves" else window_figure(ds)
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=130)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=130, format="png")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path

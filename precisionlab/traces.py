@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from .atomic import atomic_path
 from .presets import Preset, get_preset
 
 SCHEMA = "precisionlab.trace/1"
@@ -244,14 +244,8 @@ def save_trace(trace: Trace, path: str | os.PathLike, *, steps: int | None = Non
                             "groups": p.groups, "ssm_layers": p.ssm_layers}),
         "source": trace.source,
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
     return path
 
 

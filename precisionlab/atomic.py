@@ -1,0 +1,39 @@
+"""Atomic file writes: write beside the target, then rename, so a failed or
+interrupted write never leaves a partial result behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path in ``path``'s folder; on success it replaces ``path``
+    (a file, or a folder such as a zarr store) with the usual permissions; on error
+    it is removed and ``path`` is left as it was."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    tmp_dir = Path(tempfile.mkdtemp(dir=parent, prefix=f".{path.name}."))
+    tmp = tmp_dir / path.name
+    try:
+        yield tmp
+        if tmp.is_file():
+            os.chmod(tmp, _default_mode())
+        else:
+            os.chmod(tmp, _default_mode() | 0o111)
+        if path.is_dir():  # a folder being replaced: move the old one aside first
+            os.replace(path, tmp_dir / (path.name + ".old"))
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
