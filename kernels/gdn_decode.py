@@ -1,5 +1,5 @@
 """Fused Triton kernels for Gated DeltaNet decoding: conventional step, replay
-(output or flush, one launch per step), speculative verify of T drafts and commit.
+(output steps and flushes), speculative verify of T drafts and commit.
 
 Every kernel takes the raw per-step inputs (``q``, ``k`` per k-head, ``v`` per
 v-head, gate pre-activations ``a``, ``b``) and does the layer's preprocessing in
@@ -8,17 +8,50 @@ dtype (the values the ring stores; the step uses them everywhere),
 ``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``.
 
 Sequences index state slots through ``state_indices`` (a negative index skips the
-sequence).  Per-slot counters (int32 device tensors, the protocol of
-``tl_common.finish_slot``): ``ring_len`` (committed ring entries), ``steps`` (the
-slot's decode steps, the SR step), ``tickets``.  The last program of a slot to finish
-publishes the new counters, so a step is one launch, needs no host sync and can be
-captured in a CUDA graph.  Stochastic rounding indexes elements row-major over the
-whole (slots, v_heads, V, K) pool (the torch emulation's batch index when slot b
-holds sequence b).
+sequence).
 
-Grid of every kernel: ``(V // BV, batch * v_heads)``; a program owns BV rows of one
-value head's state with the full K in registers, so the flush (S_c k_i, the
-triangular recompute of d_i, the rank-L fold) runs in one pass per row block.
+**Counters.**  A plain replay cache keeps one int32 clock per slot (``tickets``):
+every program of the replay kernel takes one relaxed ``atomic_add`` at its start
+and uses the value it returns (broadcast to the whole program), so with ``P``
+programs per slot ``clock // P`` is the slot's step count for every program of the
+launch (at most P - 1 other increments of the same launch precede any of them),
+and ``(clock // P) mod L`` its ring position.  Nothing waits at the end of a
+program and no counter is published: a step is one launch, needs no host sync and
+can be captured in a CUDA graph.  Speculative caches keep explicit ``ring_len``
+(committed entries) and ``steps`` that only the commit writes.  The conventional
+kernel's stochastic rounding uses ``steps`` with ``tl_common.finish_slot``.
+
+**Output step** (one program per (slot, v-head, BV rows), grid ``(V // BV, batch *
+v_heads)``): the slot index is the only load before the stored copy's tile; the
+tile, the raw inputs and the clock atomic are in flight together; the ring entries
+(masked by the ring position, so only live entries are read) follow.  The program
+reduces its tile against k and q (two row sums), its k-head's ring entries against
+k and q (``k_i . k_t``, ``k_i . q_t``), and combines them with the ring's ``d``
+rows: ``S_{t-1} k = e^G S k + sum_i w_i (k_i . k) d_i`` (likewise for q).
+
+**Flush** (the delta rule over the window, from the checkpoint): per row block of
+a head, ``P = S_c K^T`` (one ``tl.dot``), the triangular recompute of the window's
+``d`` as one small product ``D = (I + N)^-1 RHS`` with ``N_ij = beta_i
+e^{c_i - c_j} k_i . k_j`` (j < i; the inverse by repeated squaring, computed once
+per head), and the rank-L fold ``S = e^{c_L} S_c + (w D)^T K`` (another ``tl.dot``),
+in chunks of FB rows.  An nvfp4 copy needs its whole matrix's amax before it can
+encode: its flush owns whole matrices and makes two passes over the chunks (the
+first only for the amax; the recompute reads L2-hot data).  The large products run
+in ``dot_precision`` (``"tf32x3"``: three tensor-core passes, ~fp32 accuracy;
+``"ieee"``: fp32 FMAs); the small ``(RP, RP)`` ones always in ieee fp32.
+
+Launch modes of a step: ``"fused"`` -- one launch, each program takes the output
+path or (when its slot's ring then holds L entries) flushes its own rows; ``"split"``
+-- a persistent flush launch over the flushing slots' row blocks (it returns at once
+where nothing flushes, and leaves a per-row flag), then the output launch, whose
+programs of flushing slots load nothing and only advance the clock.
+
+**Verify** (T drafts from one read of the stored copy): ``S X^T`` for the drafts'
+k and q as two ``tl.dot`` (``(BV, K) x (K, TP)``), the ring terms as small products,
+and the drafts among themselves in a short loop over T (vector operations only:
+each draft's ``d`` rounded to the ring dtype before later drafts use it, as the
+ring stores it).  Commit = the persistent flush launch (committed entries >= L)
+plus a counter launch.
 """
 
 from __future__ import annotations
@@ -28,7 +61,7 @@ import triton
 import triton.language as tl
 
 from .codec import as_int32
-from .gdn_extra import qk_at, read_dots
+from .gdn_extra import inv_unit_lower, load_tile, prep_qk_rows, qk_at, tile_dots
 from .state import StateStore
 from .tl_common import (
     RING_BF16,
@@ -48,6 +81,7 @@ from .tl_formats import (
     K_FP16_SR,
     K_NONE,
     K_NVFP4,
+    decode_tile,
     load_state,
     matrix_amax,
     store_state,
@@ -56,6 +90,7 @@ from .tl_formats import (
 RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
                  torch.float16: torch.int16}
+DOT_PRECISIONS = ("tf32x3", "ieee")
 
 
 # ---------------------------------------------------------------- device helpers
@@ -92,81 +127,22 @@ def _prep_qk(q_ptr, k_ptr, K: tl.constexpr, RING: tl.constexpr):
 
 
 @triton.jit
+def _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, row, h, hk, offs_v,
+                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 RING: tl.constexpr):
+    """Prepared q, k, v (rows ``offs_v``), g, beta of token row ``row`` for value head h."""
+    q, k, qn, kn = _prep_qk(q_ptr + (row * HK + hk) * K, k_ptr + (row * HK + hk) * K, K, RING)
+    v = ring_round(tl.load(v_ptr + (row * HV + h) * V + offs_v).to(tl.float32), RING)
+    g, beta = _gates(a_ptr + row * HV + h, b_ptr + row * HV + h, A_log, dt_bias, h)
+    return q, k, v, g, beta
+
+
+@triton.jit
 def _delta(S, k, v, alpha, beta):
     """One gated delta-rule update of a (BV, K) block: returns the new block."""
     Sk = tl.sum(S * k[None, :], axis=1)
     d = beta * (v - alpha * Sk)
     return alpha * S + d[:, None] * k[None, :]
-
-
-@triton.jit
-def _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n,
-               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               R: tl.constexpr, RP: tl.constexpr, RING: tl.constexpr):
-    """Re-run the delta rule over ring entries 0..n-1 of (slot, head) on block S.
-
-    The n entries are loaded at once (one memory round trip, not one per entry) and
-    picked out of registers entry by entry."""
-    offs_k = tl.arange(0, K)
-    offs_r = tl.arange(0, RP)
-    rmask = offs_r < n
-    rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
-    rv = ring_v + (slot.to(tl.int64) * R * HV + h) * V
-    rs = slot.to(tl.int64) * R * HV + h
-    Kr = ring_load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], rmask[:, None], RING)
-    Vr = ring_load(rv + offs_r[None, :] * (HV * V) + offs_v[:, None], rmask[None, :], RING)
-    gr = tl.load(ring_g + rs + offs_r * HV, mask=rmask, other=0.0)
-    br = tl.load(ring_b + rs + offs_r * HV, mask=rmask, other=0.0)
-    for i in range(0, R):  # constant trip count (the interpreter cannot loop to a loaded n)
-        if i < n:
-            ki = tl.sum(tl.where(offs_r[:, None] == i, Kr, 0.0), axis=0)
-            vi = tl.sum(tl.where(offs_r[None, :] == i, Vr, 0.0), axis=1)
-            gi = tl.sum(tl.where(offs_r == i, gr, 0.0), axis=0)
-            bi = tl.sum(tl.where(offs_r == i, br, 0.0), axis=0)
-            S = _delta(S, ki, vi, tl.exp(gi), bi)
-    return S
-
-
-@triton.jit
-def _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
-               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               R: tl.constexpr, RP: tl.constexpr, RING: tl.constexpr):
-    """``(S_{t-1} k, S_{t-1} q)`` for the rows of a block, with S_{t-1} the stored copy
-    (whose products with k and q are ``Sk0``, ``Sq0``) decayed over ring entries
-    0..n-1 plus their rank-1 terms."""
-    offs_k = tl.arange(0, K)
-    offs_r = tl.arange(0, RP)
-    rmask = offs_r < n
-    rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
-    rd = ring_d + (slot.to(tl.int64) * R * HV + h) * V
-    rs = slot.to(tl.int64) * R * HV + h
-    kr = ring_load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], rmask[:, None], RING)
-    dr = ring_load(rd + offs_r[None, :] * (HV * V) + offs_v[:, None], rmask[None, :], RING)
-    gr = tl.load(ring_g + rs + offs_r * HV, mask=rmask, other=0.0)
-    cum = tl.cumsum(gr, axis=0)
-    G = tl.sum(gr, axis=0)
-    w = tl.where(rmask, tl.exp(G - cum), 0.0)
-    wk = w * tl.sum(kr * k[None, :], axis=1)
-    wq = w * tl.sum(kr * q[None, :], axis=1)
-    eG = tl.exp(G)
-    Sk = eG * Sk0 + tl.sum(dr * wk[None, :], axis=1)
-    Sq = eG * Sq0 + tl.sum(dr * wq[None, :], axis=1)
-    return Sk, Sq
-
-
-@triton.jit
-def _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, pos, k, v, g, beta,
-            HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-            R: tl.constexpr, RING: tl.constexpr):
-    """Write this step's k (one program per k-head), v slice, g and beta at ``pos``."""
-    offs_k = tl.arange(0, K)
-    base = slot.to(tl.int64) * R + pos
-    if (h % (HV // HK) == 0) & (pid_v == 0):
-        ring_store(ring_k + (base * HK + hk) * K + offs_k, k, offs_k < K, RING)
-    ring_store(ring_v + (base * HV + h) * V + offs_v, v, offs_v < V, RING)
-    if pid_v == 0:
-        tl.store(ring_g + base * HV + h, g)
-        tl.store(ring_b + base * HV + h, beta)
 
 
 @triton.jit
@@ -183,6 +159,146 @@ def _store(S, data, s1, s2, mat, offs_v, seed, step, V: tl.constexpr, BV: tl.con
     else:
         amax = 0.0
     store_state(data, s1, s2, S, mat, offs_v, offs_v < V, V, seed, step, amax, FMT, BV, K)
+
+
+@triton.jit
+def _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK: tl.constexpr, HV: tl.constexpr,
+             K: tl.constexpr, RP: tl.constexpr, RING: tl.constexpr):
+    """Ring k rows ``(RP, K)`` of k-head hk and g ``(RP,)`` of head h; entries where
+    ``valid`` is false are not read (zero).  ``rbase``: the slot's first ring row
+    (int64)."""
+    offs_k = tl.arange(0, K)
+    offs_r = tl.arange(0, RP)
+    Kr = ring_load(ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K) + offs_k[None, :],
+                   valid[:, None], RING)
+    gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
+    return Kr, gr
+
+
+@triton.jit
+def _ring_rows(ring_x, rbase, h, offs_v, valid, HV: tl.constexpr, V: tl.constexpr,
+               RP: tl.constexpr, RING: tl.constexpr):
+    """Rows ``offs_v`` of ring field ``ring_x`` (v or d) of head h as a ``(rows, RP)``
+    tile (entries where ``valid`` is false are zero)."""
+    offs_r = tl.arange(0, RP)
+    return ring_load(ring_x + (rbase * HV + h) * V + offs_r[None, :] * (HV * V) + offs_v[:, None],
+                     valid[None, :], RING)
+
+
+@triton.jit
+def _output_terms(codes, sc, s2v, Kr, Dr, gr, valid, q, k, v, g, beta, K: tl.constexpr,
+                  BV: tl.constexpr, FMT: tl.constexpr):
+    """``(o_t, d_t)`` of the block's rows: the stored tile's products with k and q,
+    decayed over the ring entries, plus the entries' rank-1 terms."""
+    Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
+    kk = tl.sum(Kr * k[None, :], axis=1)
+    kq = tl.sum(Kr * q[None, :], axis=1)
+    cum = tl.cumsum(gr, axis=0)
+    G = tl.sum(gr, axis=0)
+    w = tl.where(valid, tl.exp(G - cum), 0.0)
+    eG = tl.exp(G)
+    Sk = eG * Sk0 + tl.sum(Dr * (w * kk)[None, :], axis=1)
+    Sq = eG * Sq0 + tl.sum(Dr * (w * kq)[None, :], axis=1)
+    alpha = tl.exp(g)
+    d = beta * (v - alpha * Sk)
+    o = alpha * Sq + d * tl.sum(k * q, axis=0)
+    return o, d
+
+
+@triton.jit
+def _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, valid, Kr, br, ec,
+                Tm, w, e_last, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                FB: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr, RING: tl.constexpr,
+                STEP: tl.constexpr, DOT: tl.constexpr):
+    """Fresh fp32 rows ``offs_v`` (FB of them): the window's d recomputed from the
+    checkpoint rows, ``D = RHS (I + N)^-T``, then ``e^{c_L} S_c + (w D) K``."""
+    S = load_state(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, C_FMT, FB, K)
+    Vr = _ring_rows(ring_v, rbase, h, offs_v, valid, HV, V, RP, RING)
+    if STEP:  # this step's entry, at ring position n
+        vt = ring_round(tl.load(v_row + offs_v).to(tl.float32), RING)
+        Vr = tl.where(tl.arange(0, RP)[None, :] == n, vt[:, None], Vr)
+    P = tl.dot(S, tl.trans(Kr), input_precision=DOT)  # S_c k_i, (FB, RP)
+    rhs = br[None, :] * (Vr - ec[None, :] * P)
+    D = tl.dot(rhs, tl.trans(Tm), input_precision="ieee")
+    return tl.dot(D * w[None, :], Kr, acc=e_last * S, input_precision=DOT)
+
+
+@triton.jit
+def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g, ring_b,
+                v_row, out_row, rbase, h, hk, mat, v0, n, q, k, g, beta, seed, t,
+                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BVF: tl.constexpr, FB: tl.constexpr, RP: tl.constexpr, LOG2RP: tl.constexpr,
+                C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
+                STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr):
+    """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
+    (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
+    ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
+    copy (F_FMT) and the fp32 state to ``fresh`` (FRESH).  SR step ``t``."""
+    offs_r = tl.arange(0, RP)
+    valid = offs_r < n
+    Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
+    br = tl.load(ring_b + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
+    if STEP:
+        Kr = tl.where(offs_r[:, None] == n, k[None, :], Kr)
+        gr = tl.where(offs_r == n, g, gr)
+        br = tl.where(offs_r == n, beta, br)
+        ent = offs_r <= n
+    else:
+        ent = valid
+    cum = tl.cumsum(gr, axis=0)
+    c_last = tl.sum(gr, axis=0)
+    KK = tl.dot(Kr, tl.trans(Kr), input_precision=DOT)  # k_i . k_j
+    lower = (offs_r[None, :] < offs_r[:, None]) & ent[:, None]
+    dec = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0))
+    Tm = inv_unit_lower(tl.where(lower, br[:, None] * dec * KK, 0.0), RP, LOG2RP)
+    w = tl.where(ent, tl.exp(c_last - cum), 0.0)
+    ec = tl.exp(cum)
+    e_last = tl.exp(c_last)
+    NC: tl.constexpr = BVF // FB
+    AMAX: tl.constexpr = (C_FMT == K_NVFP4) or (F_FMT == K_NVFP4)
+    amax = 0.0
+    if NC == 1:
+        offs_v = v0 + tl.arange(0, FB)
+        Sn = _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, valid,
+                         Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP, DOT)
+        if AMAX:
+            amax = matrix_amax(Sn)
+        _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
+                    offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH)
+    else:
+        if AMAX:  # first pass: the matrix amax only (the second reads L2-hot data)
+            for c in range(NC):
+                offs_v = v0 + c * FB + tl.arange(0, FB)
+                Sn = _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n,
+                                 valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT,
+                                 RING, STEP, DOT)
+                amax = tl.maximum(amax, matrix_amax(Sn))
+        for c in range(NC):
+            offs_v = v0 + c * FB + tl.arange(0, FB)
+            Sn = _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, valid,
+                             Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
+                             DOT)
+            _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
+                        offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH)
+
+
+@triton.jit
+def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat, offs_v,
+                q, seed, t, K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr,
+                C_FMT: tl.constexpr, F_FMT: tl.constexpr, STEP: tl.constexpr,
+                FRESH: tl.constexpr):
+    """Store fresh rows: the fp32 state (FRESH), the checkpoint (SR seed), the read copy
+    (seed + 1) and, for a step flush, the step's output ``S q``."""
+    mrow = offs_v < V
+    if FRESH:
+        offs_k = tl.arange(0, K)
+        tl.store(fresh + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], Sn)
+    store_state(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT, FB, K)
+    if F_FMT != K_NONE:
+        store_state(f_data, f_s1, f_s2, Sn, mat, offs_v, mrow, V, seed + 1, t, amax, F_FMT, FB,
+                    K)
+    if STEP:
+        tl.store(out_row + offs_v, tl.sum(Sn * q[None, :], axis=1))
 
 
 # ------------------------------------------------------------------------ kernels
@@ -219,173 +335,144 @@ def _conventional_kernel(
             finish_slot(tickets, ring_len, steps, slot, HV * (V // BV), 0, step + 1)
 
 
-@triton.jit
-def _flush_body(S, k, v, q, alpha, beta, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-                ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat, offs_v, n, seed, t,
-                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr,
-                F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
-                WITH_STEP: tl.constexpr):
-    """Fold ring entries 0..n-1 (and, if WITH_STEP, this step) into the decoded
-    checkpoint block ``S``; write the checkpoint (and read copy, and the fp32 state to
-    ``fresh`` if FRESH); return the new block."""
-    S = _fold_ring(S, ring_k, ring_v, ring_g, ring_b, slot, h, hk, offs_v, n, HK, HV, K, V, R,
-                   RP, RING)
-    if WITH_STEP:
-        S = _delta(S, k, v, alpha, beta)
-    if FRESH:
-        offs_k = tl.arange(0, K)
-        tl.store(fresh + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], S)
-    _store(S, c_data, c_s1, c_s2, mat, offs_v, seed, t, V, BV, K, C_FMT)
-    if F_FMT != K_NONE:
-        _store(S, f_data, f_s1, f_s2, mat, offs_v, seed + 1, t, V, BV, K, F_FMT)
-    return S
-
-
-@triton.jit
-def _output_body(k, v, q, g, alpha, beta, r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g,
-                 ring_b, slot, h, hk, mat, pid_v, offs_v, n,
-                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
-                 RING: tl.constexpr):
-    """Output step from the stored copy ``r_*`` and ring entries 0..n-1; appends this
-    step at position n; returns the output rows."""
-    Sk0, Sq0 = read_dots(r_data, r_s1, r_s2, mat, offs_v, k, q, V, K, BV, FMT)
-    Sk, Sq = _ring_part(Sk0, Sq0, ring_k, ring_d, ring_g, slot, hk, h, offs_v, n, k, q,
-                        HK, HV, K, V, R, RP, RING)
-    d = beta * (v - alpha * Sk)
-    o = alpha * Sq + d * tl.sum(k * q, axis=0)
-    pos = (slot.to(tl.int64) * R + n) * HV + h
-    ring_store(ring_d + pos * V + offs_v, ring_round(d, RING), offs_v < V, RING)
-    _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, n, k, v, g, beta,
-            HK, HV, K, V, R, RING)
-    return o
-
-
-@triton.jit
-def _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, row, h, hk, offs_v,
-                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 RING: tl.constexpr):
-    """Prepared q, k, v (block rows), g, beta of token row ``row`` for value head h."""
-    q, k, qn, kn = _prep_qk(q_ptr + (row * HK + hk) * K, k_ptr + (row * HK + hk) * K, K, RING)
-    v = ring_round(tl.load(v_ptr + (row * HV + h) * V + offs_v).to(tl.float32), RING)
-    g, beta = _gates(a_ptr + row * HV + h, b_ptr + row * HV + h, A_log, dt_bias, h)
-    return q, k, v, g, beta
-
-
 @triton.jit(do_not_specialize=["seed"])
-def _replay_step_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
+def _replay_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, skip, out,
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_d, ring_g, ring_b, ring_len, steps, tickets, fresh, seed,
+    ring_k, ring_v, ring_d, ring_g, ring_b, tickets, fresh, seed,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, MODE: tl.constexpr,
-    FRESH: tl.constexpr,
+    FB: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    LOG2RP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
+    FUSED: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
 ):
-    """One decode step.  MODE 0: an output step from the read copy + ring or (when
-    the ring then holds L entries) a flush, in one launch.  MODE 1: output steps only,
-    after :func:`_flush_kernel` has flushed the other slots (it leaves the counters
-    alone; this launch resets their ring).  A shared design passes F_FMT = K_NONE
-    and the checkpoint serves the outputs."""
+    """One decode step of a plain replay cache.  Each program: an output step of its
+    BV rows from the read copy (the checkpoint in a shared design: F_FMT = K_NONE) and
+    the ring, appending this step at the ring position; or, at the window's last
+    position, a flush -- its own rows (FUSED) or nothing (split launch: the flush
+    launch before it did it and set ``skip`` for the row, so this program loads
+    nothing and only advances the clock)."""
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
     bidx = pid_bh // HV
     h = pid_bh % HV
     hk = h // (HV // HK)
-    nprog = HV * (V // BV)
     slot = tl.load(state_idx + bidx)
+    if FUSED:
+        live = True
+    else:
+        live = tl.load(skip + bidx) == 0
     if slot >= 0:
-        n = tl.load(ring_len + slot)
-        t = tl.load(steps + slot)
-        is_flush = n + 1 >= L
         offs_v = pid_v * BV + tl.arange(0, BV)
         mat = slot.to(tl.int64) * HV + h
+        mrow = (offs_v < V) & live
+        # 1. everything that needs only the slot: the stored tile, the raw inputs
         if F_FMT != K_NONE:
-            r_data, r_s1, r_s2 = f_data, f_s1, f_s2
-            R_FMT: tl.constexpr = F_FMT
+            codes, sc, s2v = load_tile(f_data, f_s1, f_s2, mat, offs_v, mrow, V, K, F_FMT)
         else:
-            r_data, r_s1, r_s2 = c_data, c_s1, c_s2
-            R_FMT: tl.constexpr = C_FMT
+            codes, sc, s2v = load_tile(c_data, c_s1, c_s2, mat, offs_v, mrow, V, K, C_FMT)
+        q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, bidx,
+                                        h, hk, offs_v, HK, HV, K, V, RING)
+        # 2. the clock (one relaxed atomic per program; its value is broadcast)
+        clock = tl.atomic_add(tickets + slot, 1, sem="relaxed")
+        t = clock // (HV * (V // BV))
+        n = t % L
+        is_flush = n == L - 1
+        # 3. the live ring entries
+        rbase = slot.to(tl.int64) * R
+        valid = (tl.arange(0, RP) < n) & live
+        Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
+        Dr = _ring_rows(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
+        if F_FMT != K_NONE:
+            o, d = _output_terms(codes, sc, s2v, Kr, Dr, gr, valid, q, k, v, g, beta, K, BV,
+                                 F_FMT)
+        else:
+            o, d = _output_terms(codes, sc, s2v, Kr, Dr, gr, valid, q, k, v, g, beta, K, BV,
+                                 C_FMT)
+        out_row = out + (bidx * HV + h) * V
         if is_flush:
-            if MODE == 0:
-                q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log,
-                                                dt_bias, bidx, h, hk, offs_v, HK, HV, K, V,
-                                                RING)
-                S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
-                S = _flush_body(S, k, v, q, tl.exp(g), beta, c_data, c_s1, c_s2, f_data,
-                                f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, fresh, slot, h,
-                                hk, mat, offs_v, n, seed, t, HK, HV, K, V, BV, R, RP, C_FMT,
-                                F_FMT, RING, FRESH, True)
-                tl.store(out + (bidx * HV + h) * V + offs_v, tl.sum(S * q[None, :], axis=1))
-            finish_slot(tickets, ring_len, steps, slot, nprog, 0, t + 1)
+            if FUSED:
+                _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v,
+                            ring_g, ring_b, v_ptr + (bidx * HV + h) * V, out_row, rbase, h, hk,
+                            mat, pid_v * BV, n, q, k, g, beta, seed, t, HK, HV, K, V, BV, FB,
+                            RP, LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT)
         else:
-            q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias,
-                                            bidx, h, hk, offs_v, HK, HV, K, V, RING)
-            o = _output_body(k, v, q, g, tl.exp(g), beta, r_data, r_s1, r_s2, ring_k, ring_v,
-                             ring_d, ring_g, ring_b, slot, h, hk, mat, pid_v, offs_v, n,
-                             HK, HV, K, V, BV, R, RP, R_FMT, RING)
-            tl.store(out + (bidx * HV + h) * V + offs_v, o)
-            finish_slot(tickets, ring_len, steps, slot, nprog, n + 1, t + 1)
+            tl.store(out_row + offs_v, o)
+            pos = rbase + n
+            ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), offs_v < V,
+                       RING)
+            ring_store(ring_v + (pos * HV + h) * V + offs_v, v, offs_v < V, RING)
+            if pid_v == 0:
+                if h % (HV // HK) == 0:
+                    offs_k = tl.arange(0, K)
+                    ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
+                tl.store(ring_g + pos * HV + h, g)
+                tl.store(ring_b + pos * HV + h, beta)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
 def _flush_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, accepted, out,
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, accepted, skip, out,
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_g, ring_b, ring_len, steps, fresh, seed, B,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, BP: tl.constexpr,
+    ring_k, ring_v, ring_g, ring_b, ring_len, steps, tickets, fresh, seed, B,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BVF: tl.constexpr,
+    FB: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    LOG2RP: tl.constexpr, BP: tl.constexpr, PCLK: tl.constexpr,
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
-    COMMIT: tl.constexpr,
+    COMMIT: tl.constexpr, DOT: tl.constexpr,
 ):
-    """Persistent flush launch: every program reads the ring counts of all B sequences
-    (one vector load), enumerates the (flushing sequence, head, row block) units and
-    takes every G-th one; with nothing to flush it returns at once.  A step flush
-    (COMMIT 0: ring + this step, L entries) writes the step's output; a commit flush
-    (COMMIT 1: ring_len + accepted >= L committed entries) writes none.  No counter
-    is written here: the launch that follows advances them."""
+    """Persistent flush launch: every program reads the ring positions of all B
+    sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
+    block) units and takes every G-th one; with nothing to flush it returns at once.
+    A step flush (COMMIT 0: the clock's position is L - 1; ring + this step) writes
+    the step's output, and program 0 writes ``skip`` (1 where the row flushed) for
+    the output launch that follows; a commit flush (COMMIT 1: ring_len + accepted >= L
+    committed entries) writes none.  No counter is written here."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     offs_b = tl.arange(0, BP)
-    sl = tl.load(state_idx + offs_b, mask=offs_b < B, other=-1)
-    nb = tl.load(ring_len + tl.maximum(sl, 0), mask=sl >= 0, other=0)
+    inb = offs_b < B
+    sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
+    live = sl >= 0
+    sl0 = tl.maximum(sl, 0)
     if COMMIT:
-        nb += tl.load(accepted + offs_b, mask=offs_b < B, other=0)
-        flag = (sl >= 0) & (nb >= L)
+        nb = tl.load(ring_len + sl0, mask=live, other=0)
+        nb += tl.load(accepted + offs_b, mask=inb, other=0)
+        flag = live & (nb >= L)
     else:
-        flag = (sl >= 0) & (nb + 1 >= L)
+        clk = tl.load(tickets + sl0, mask=live, other=0)
+        flag = live & ((clk // PCLK) % L == L - 1)
+        if pid == 0:
+            tl.store(skip + offs_b, flag.to(tl.int32), mask=inb)
     fl = flag.to(tl.int32)
     cum = tl.cumsum(fl, axis=0)
-    NVB: tl.constexpr = V // BV
-    units = tl.sum(fl, axis=0) * (HV * NVB)
+    NU: tl.constexpr = V // BVF
+    units = tl.sum(fl, axis=0) * (HV * NU)
     u = pid
     while u < units:
-        j = u // (HV * NVB)
-        h = (u // NVB) % HV
-        pid_v = u % NVB
+        j = u // (HV * NU)
+        h = (u // NU) % HV
+        part = u % NU
         bidx = tl.sum(tl.where(flag & (cum == j + 1), offs_b, 0), axis=0)
         hk = h // (HV // HK)
         slot = tl.load(state_idx + bidx)
-        n = tl.load(ring_len + slot)
-        t = tl.load(steps + slot)
-        offs_v = pid_v * BV + tl.arange(0, BV)
         mat = slot.to(tl.int64) * HV + h
-        S = _load(c_data, c_s1, c_s2, mat, offs_v, V, BV, K, C_FMT)
+        rbase = slot.to(tl.int64) * R
         if COMMIT:
             n_acc = tl.load(accepted + bidx)
-            _flush_body(S, S, S, S, 0.0, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-                        ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat, offs_v,
-                        n + n_acc, seed, t + n_acc - 1, HK, HV, K, V, BV, R, RP, C_FMT, F_FMT,
-                        RING, FRESH, False)
+            _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
+                        ring_b, v_ptr, out, rbase, h, hk, mat, part * BVF,
+                        tl.load(ring_len + slot) + n_acc, 0.0, 0.0, 0.0, 0.0, seed,
+                        tl.load(steps + slot) + n_acc - 1, HK, HV, K, V, BVF, FB, RP, LOG2RP,
+                        C_FMT, F_FMT, RING, False, FRESH, DOT)
         else:
-            q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias,
-                                            bidx, h, hk, offs_v, HK, HV, K, V, RING)
-            S = _flush_body(S, k, v, q, tl.exp(g), beta, c_data, c_s1, c_s2, f_data, f_s1,
-                            f_s2, ring_k, ring_v, ring_g, ring_b, fresh, slot, h, hk, mat,
-                            offs_v, n, seed, t, HK, HV, K, V, BV, R, RP, C_FMT, F_FMT, RING,
-                            FRESH, True)
-            tl.store(out + (bidx * HV + h) * V + offs_v, tl.sum(S * q[None, :], axis=1))
+            q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
+                                    K, RING)
+            g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
+            t = tl.load(tickets + slot) // PCLK
+            _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
+                        ring_b, v_ptr + (bidx * HV + h) * V, out + (bidx * HV + h) * V, rbase,
+                        h, hk, mat, part * BVF, t % L, q, k, g, beta, seed, t, HK, HV, K, V,
+                        BVF, FB, RP, LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT)
         u += G
 
 
@@ -410,10 +497,11 @@ def _verify_kernel(
     T: tl.constexpr, TP: tl.constexpr,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
+    DOT: tl.constexpr,
 ):
-    """Outputs of T draft steps from the read copy + committed ring entries; drafts
-    are written to the ring behind the commit pointer (no counter changes).  The copy's
-    block is re-read per draft (from L1/L2 after the first)."""
+    """Outputs of T draft steps from the read copy + committed ring entries, one read
+    of the copy's block: ``S [k_1..k_T]`` and ``S [q_1..q_T]`` as two products; drafts
+    are written to the ring behind the commit pointer (no counter changes)."""
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
     bidx = pid_bh // HV
@@ -421,50 +509,88 @@ def _verify_kernel(
     hk = h // (HV // HK)
     slot = tl.load(state_idx + bidx)
     if slot >= 0:
-        n = tl.load(ring_len + slot)
         offs_v = pid_v * BV + tl.arange(0, BV)
         offs_k = tl.arange(0, K)
         offs_r = tl.arange(0, RP)
         offs_t = tl.arange(0, TP)
         mat = slot.to(tl.int64) * HV + h
-        rmask = offs_r < n
-        rk = ring_k + (slot.to(tl.int64) * R * HK + hk) * K
-        rd = ring_d + (slot.to(tl.int64) * R * HV + h) * V
-        rs = slot.to(tl.int64) * R * HV + h
-        kr = ring_load(rk + offs_r[:, None] * (HK * K) + offs_k[None, :], rmask[:, None], RING)
-        dr = ring_load(rd + offs_r[None, :] * (HV * V) + offs_v[:, None], rmask[None, :], RING)
-        gr = tl.load(ring_g + rs + offs_r * HV, mask=rmask, other=0.0)
+        codes, sc, s2v = load_tile(r_data, r_s1, r_s2, mat, offs_v, offs_v < V, V, K, FMT)
+        # the T drafts' raw inputs as (TP, K) / (BV, TP) tiles (rows >= T zero)
+        mt = offs_t < T
+        rows = bidx * T + offs_t
+        Qr = tl.load(q_ptr + (rows[:, None] * HK + hk) * K + offs_k[None, :], mask=mt[:, None],
+                     other=0.0).to(tl.float32)
+        Kt = tl.load(k_ptr + (rows[:, None] * HK + hk) * K + offs_k[None, :], mask=mt[:, None],
+                     other=0.0).to(tl.float32)
+        Vt = tl.load(v_ptr + (rows[None, :] * HV + h) * V + offs_v[:, None], mask=mt[None, :],
+                     other=0.0).to(tl.float32)
+        a_t = tl.load(a_ptr + rows * HV + h, mask=mt, other=0.0).to(tl.float32)
+        b_t = tl.load(b_ptr + rows * HV + h, mask=mt, other=0.0).to(tl.float32)
+        A = tl.load(A_log + h).to(tl.float32)
+        dtb = tl.load(dt_bias + h).to(tl.float32)
+        n = tl.load(ring_len + slot)
+        rbase = slot.to(tl.int64) * R
+        valid = offs_r < n
+        Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
+        Dr = _ring_rows(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
+        # prepared drafts
+        XQ, XK = prep_qk_rows(Qr, Kt, K, RING)
+        Vt = ring_round(Vt, RING)
+        g_t = tl.where(mt, -tl.exp(A) * softplus(a_t + dtb), 0.0)
+        beta_t = tl.where(mt, 1.0 / (1.0 + tl.exp(-b_t)), 0.0)
+        # decays: ring entries cum_i; draft j sees A_in[j] before it, A_out[j] after it
         cum = tl.cumsum(gr, axis=0)
-        G = tl.sum(gr, axis=0)
+        Gr = tl.sum(gr, axis=0)
+        cg = tl.cumsum(g_t, axis=0)
+        A_in = Gr + cg - g_t
+        A_out = Gr + cg
+        # one read of the copy: its products with every draft's k and q
+        S = decode_tile(codes, sc, s2v, FMT, BV, K)
+        SK = tl.dot(S, tl.trans(XK), input_precision=DOT)  # (BV, TP)
+        SQ = tl.dot(S, tl.trans(XQ), input_precision=DOT)
+        # ring terms: sum_i e^{A_in_j - cum_i} (k_i . x_j) d_i
+        e_ri = tl.where(valid[:, None], tl.exp(tl.minimum(A_in[None, :] - cum[:, None], 0.0)), 0.0)
+        WK = e_ri * tl.dot(Kr, tl.trans(XK), input_precision=DOT)  # (RP, TP)
+        WQ = e_ri * tl.dot(Kr, tl.trans(XQ), input_precision=DOT)
+        eA = tl.exp(A_in)
+        base_k = eA[None, :] * SK + tl.dot(Dr, WK, input_precision="ieee")
+        base_q = eA[None, :] * SQ + tl.dot(Dr, WQ, input_precision="ieee")
+        # drafts among themselves: [a, b] = k_a . k_b and k_a . q_b
+        KKd = tl.dot(XK, tl.trans(XK), input_precision=DOT)
+        KQd = tl.dot(XK, tl.trans(XQ), input_precision=DOT)
         Dd = tl.zeros((BV, TP), dtype=tl.float32)
-        Kd = tl.zeros((TP, K), dtype=tl.float32)
-        cumd = tl.zeros((TP,), dtype=tl.float32)
-        for j in range(0, T):  # a loop, not unrolled: one draft's registers at a time
-            bj = bidx * T + j
-            q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias,
-                                            bj, h, hk, offs_v, HK, HV, K, V, RING)
-            alpha = tl.exp(g)
-            Sk, Sq = read_dots(r_data, r_s1, r_s2, mat, offs_v, k, q, V, K, BV, FMT)
-            w = tl.where(rmask, tl.exp(G - cum), 0.0)
-            eG = tl.exp(G)
-            Sk = eG * Sk + tl.sum(dr * (w * tl.sum(kr * k[None, :], axis=1))[None, :], axis=1)
-            Sq = eG * Sq + tl.sum(dr * (w * tl.sum(kr * q[None, :], axis=1))[None, :], axis=1)
-            wd = tl.where(offs_t < j, tl.exp(G - cumd), 0.0)  # earlier drafts
-            Sk += tl.sum(Dd * (wd * tl.sum(Kd * k[None, :], axis=1))[None, :], axis=1)
-            Sq += tl.sum(Dd * (wd * tl.sum(Kd * q[None, :], axis=1))[None, :], axis=1)
-            d = beta * (v - alpha * Sk)
-            o = alpha * Sq + d * tl.sum(k * q, axis=0)
-            dq = ring_round(d, RING)
-            tl.store(out + (bj * HV + h) * V + offs_v, o)
-            pos = n + j
-            ring_store(ring_d + ((slot.to(tl.int64) * R + pos) * HV + h) * V + offs_v, dq,
-                       offs_v < V, RING)
-            _append(ring_k, ring_v, ring_g, ring_b, slot, h, hk, pid_v, offs_v, pos, k, v, g,
-                    beta, HK, HV, K, V, R, RING)
-            Dd = tl.where(offs_t[None, :] == j, dq[:, None], Dd)
-            Kd = tl.where(offs_t[:, None] == j, k[None, :], Kd)
-            G = G + g
-            cumd = tl.where(offs_t == j, G, cumd)
+        O = tl.zeros((BV, TP), dtype=tl.float32)
+        for j in range(0, T):
+            selr = offs_t[None, :] == j
+            sel = offs_t == j
+            bk = tl.sum(tl.where(selr, base_k, 0.0), axis=1)
+            bq = tl.sum(tl.where(selr, base_q, 0.0), axis=1)
+            vj = tl.sum(tl.where(selr, Vt, 0.0), axis=1)
+            ckk = tl.sum(tl.where(selr, KKd, 0.0), axis=1)  # k_a . k_j over drafts a
+            ckq = tl.sum(tl.where(selr, KQd, 0.0), axis=1)  # k_a . q_j
+            a_in = tl.sum(tl.where(sel, A_in, 0.0), axis=0)
+            gj = tl.sum(tl.where(sel, g_t, 0.0), axis=0)
+            bj = tl.sum(tl.where(sel, beta_t, 0.0), axis=0)
+            kqj = tl.sum(tl.where(sel, ckq, 0.0), axis=0)
+            wj = tl.where(offs_t < j, tl.exp(tl.minimum(a_in - A_out, 0.0)), 0.0)
+            Sk = bk + tl.sum(Dd * (wj * ckk)[None, :], axis=1)
+            Sq = bq + tl.sum(Dd * (wj * ckq)[None, :], axis=1)
+            alpha = tl.exp(gj)
+            d = bj * (vj - alpha * Sk)
+            O = tl.where(selr, (alpha * Sq + d * kqj)[:, None], O)
+            Dd = tl.where(selr, ring_round(d, RING)[:, None], Dd)
+        # outputs and ring appends at n + j, all drafts at once
+        mo = mt[None, :] & (offs_v[:, None] < V)
+        tl.store(out + (rows[None, :] * HV + h) * V + offs_v[:, None], O, mask=mo)
+        pos = rbase + n + offs_t
+        ring_store(ring_d + (pos[None, :] * HV + h) * V + offs_v[:, None], Dd, mo, RING)
+        ring_store(ring_v + (pos[None, :] * HV + h) * V + offs_v[:, None], Vt, mo, RING)
+        if pid_v == 0:
+            if h % (HV // HK) == 0:
+                ring_store(ring_k + (pos[:, None] * HK + hk) * K + offs_k[None, :], XK,
+                           mt[:, None], RING)
+            tl.store(ring_g + pos * HV + h, g_t, mask=mt)
+            tl.store(ring_b + pos * HV + h, beta_t, mask=mt)
 
 
 # ------------------------------------------------------------------------- host
@@ -480,21 +606,30 @@ def _check_shapes(q: torch.Tensor, v: torch.Tensor, K: int, V: int) -> None:
         raise ValueError(f"q/k last axis must be K={K} and v's V={V}")
 
 
-def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool = False,
-                   kernel: str = "replay") -> tuple[int, int]:
-    """``(BV, num_warps)``: rows of V per program and warps, by batch size.
+def _pow2(name: str, x: int, lo: int = 16) -> int:
+    if x < lo or x & (x - 1):
+        raise ValueError(f"{name} must be a power of two >= {lo}, got {x}")
+    return x
 
-    ``whole_matrix`` (an nvfp4 copy is written) forces BV = V: its matrix scale
-    needs the whole (V, K) matrix in one program.
+
+def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool = False,
+                   kernel: str = "replay", fmt: str = "fp32") -> tuple[int, int]:
+    """``(BV, num_warps)``: rows of V per program and warps, by batch size and the
+    format the program streams (~8-16 KB of stored state per program at large batch).
+
+    ``whole_matrix`` (an nvfp4 copy is written by the same program) forces BV = V:
+    its matrix scale needs the whole (V, K) matrix in one program.
     """
+    if kernel == "conventional":
+        bv = V if whole_matrix else min(V, 32 if batch * v_heads >= 1024 else 16)
+        return bv, triton.next_power_of_2(max(1, min(16, bv * K // 1024)))
     if whole_matrix:
-        bv = V
-    elif batch * v_heads >= 1024:
-        bv = min(V, 64 if kernel == "replay" else 32)
-    else:
-        bv = min(V, 16)
-    nw = max(1, min(16, bv * K // 1024))
-    return bv, triton.next_power_of_2(nw)
+        return V, 4 if batch * v_heads >= 1024 else 8
+    if batch * v_heads < 1024:
+        return min(V, 16), 2
+    per_row = {"fp32": 4.0, "fp8-e4m3": 1.0, "nvfp4": 0.5625, "mxfp4": 0.53}.get(fmt, 2.0) * K
+    bv = min(V, max(16, triton.next_power_of_2(int(16384 // per_row))))
+    return bv, 4
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -517,7 +652,9 @@ def store_into(dst: StateStore, S: torch.Tensor, *, seed: int, step: int,
 
 
 class SlotCounters:
-    """Per-slot int32 counters of the kernels: ``ring_len``, ``steps``, ``tickets``."""
+    """Per-slot int32 counters: ``ring_len`` and ``steps`` (speculative caches; the
+    conventional kernel's SR step), ``tickets`` (a plain replay cache's clock; the
+    conventional kernel's tickets)."""
 
     def __init__(self, slots: int, device):
         self.ring_len = torch.zeros(slots, dtype=torch.int32, device=device)
@@ -578,13 +715,23 @@ class GDNReplayCache:
     ``checkpoint`` is the recursion's format (fp32, bf16, fp16, bf16-sr, fp16-sr, or a
     packed format for a shared design); ``read`` the read copy's format (None: shared,
     outputs read the checkpoint).  ``window`` is L; ``drafts`` the largest number of
-    speculative drafts verified at once (the ring holds L - 1 + drafts entries).
-    ``launch``: "fused" (one launch per step, branching per slot on its ring count)
-    or "split" (a persistent flush launch that returns at once where no slot flushes,
-    then an output launch with the output path's smaller register footprint and its
-    own block ``out_block_v`` / ``out_num_warps``); verify has ``verify_block_v`` /
-    ``verify_num_warps``.
-    ``block_v`` / ``num_warps`` configure the fused kernel and the flush launches.
+    speculative drafts verified at once (a speculative cache: :meth:`verify` and
+    :meth:`commit` instead of :meth:`step`; the ring holds L - 1 + drafts entries).
+
+    Launch configuration (defaults by ``batch_hint`` and formats):
+
+    * ``launch``: ``"fused"`` (one launch per step; ``block_v`` rows and ``num_warps``
+      per program for the output path and its flush) or ``"split"`` (a persistent
+      flush launch over units of ``block_v`` rows with ``num_warps``, then an output
+      launch of ``out_block_v`` rows, ``out_num_warps``).
+    * ``flush_chunk``: rows a flush folds at once (FB; at least 16).
+    * ``dot_precision``: ``"tf32x3"`` or ``"ieee"`` for the flush's and verify's large
+      products (K-long dot products, the rank-L fold).
+    * ``verify_block_v`` / ``verify_num_warps``: the verify kernel.
+    * ``flush_ctas_per_sm``: programs per SM of the persistent flush launch.
+
+    An nvfp4 copy is written whole-matrix: the flushing program (fused) or unit
+    (split) owns all V rows, so ``block_v`` must be V there.
     """
 
     def __init__(
@@ -592,37 +739,55 @@ class GDNReplayCache:
         checkpoint: str = "fp32", read: str | None = None,
         ring_dtype: torch.dtype = torch.bfloat16, drafts: int = 0, seed: int = 0,
         device: torch.device | str = "cuda", batch_hint: int | None = None,
-        block_v: int | None = None, num_warps: int | None = None, launch: str = "fused",
+        block_v: int | None = None, num_warps: int | None = None, launch: str | None = None,
         out_block_v: int | None = None, out_num_warps: int | None = None,
         verify_block_v: int | None = None, verify_num_warps: int | None = None,
-        keep_fresh: bool = False,
+        flush_chunk: int | None = None, dot_precision: str = "tf32x3",
+        flush_ctas_per_sm: int | None = None, keep_fresh: bool = False,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        if launch not in ("fused", "split"):
-            raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
         if v_heads % k_heads:
             raise ValueError(f"v_heads ({v_heads}) must be a multiple of k_heads ({k_heads})")
+        if dot_precision not in DOT_PRECISIONS:
+            raise ValueError(f"dot_precision must be one of {DOT_PRECISIONS}, got "
+                             f"{dot_precision!r}")
         self.slots, self.HK, self.HV, self.K, self.V = slots, k_heads, v_heads, K, V
-        self.L, self.T, self.seed, self.launch = window, drafts, seed, launch
+        self.L, self.T, self.seed = window, drafts, seed
         self.R = window + max(drafts - 1, 0)
-        self.RP = _pow2_at_least(self.R)
+        self.RP = _pow2_at_least(self.R, 16)
+        self.LOG2RP = self.RP.bit_length() - 1
         self.ring_dtype, self.ring_id = ring_dtype, RING_IDS[ring_dtype]
+        self.dot = dot_precision
         shape = (slots, v_heads, V, K)
         self.ckpt = empty_store(checkpoint, shape, device)
         self.read = empty_store(read, shape, device) if read is not None else None
+        batch = batch_hint or slots
+        large = batch * v_heads >= 1024
+        self.launch = launch or "fused"
+        if self.launch not in ("fused", "split"):
+            raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
         whole = "nvfp4" in (checkpoint, read)
-        bv, nw = default_config(batch_hint or slots, v_heads, V, K, whole)
+        rfmt = read or checkpoint
+        if self.launch == "fused":
+            bv, nw = default_config(batch, v_heads, V, K, whole, fmt=rfmt)
+        else:
+            bv, nw = (V, 4) if whole else (min(V, 32 if large else 16), 4 if large else 2)
         self.BV, self.num_warps = block_v or bv, num_warps or nw
         if whole and self.BV != V:
             raise ValueError("an nvfp4 copy needs block_v == V")
-        obv, onw = default_config(batch_hint or slots, v_heads, V, K, False)
+        obv, onw = default_config(batch, v_heads, V, K, False, fmt=rfmt)
         self.out_BV, self.out_num_warps = out_block_v or obv, out_num_warps or onw
-        self.verify_BV = verify_block_v or min(V, 32)
-        self.verify_num_warps = verify_num_warps or 4
-        for bv_ in (self.BV, self.out_BV, self.verify_BV):
+        self.FB = flush_chunk or min(self.BV, 32 if whole else 16)
+        self.verify_BV = verify_block_v or min(V, 32 if large else 16)
+        self.verify_num_warps = verify_num_warps or (4 if large else 2)
+        for name, bv_ in (("block_v", self.BV), ("out_block_v", self.out_BV),
+                          ("verify_block_v", self.verify_BV), ("flush_chunk", self.FB)):
+            _pow2(name, bv_)
             if V % bv_:
-                raise ValueError(f"block_v {bv_} does not divide V = {V}")
+                raise ValueError(f"{name} {bv_} does not divide V = {V}")
+        if self.BV % self.FB:
+            raise ValueError(f"flush_chunk {self.FB} does not divide block_v {self.BV}")
         R, rdt = self.R, _RING_STORAGE[ring_dtype]
         self.ring_k = torch.zeros((slots, R, k_heads, K), dtype=rdt, device=device)
         self.ring_v = torch.zeros((slots, R, v_heads, V), dtype=rdt, device=device)
@@ -633,18 +798,31 @@ class GDNReplayCache:
         dev = torch.device(device)
         self.n_sm = (torch.cuda.get_device_properties(dev).multi_processor_count
                      if dev.type == "cuda" else 2)
-        self.flush_ctas_per_sm = 4
+        self.flush_ctas_per_sm = flush_ctas_per_sm or 8
+        self._skip = torch.zeros(max(slots, batch), dtype=torch.int32, device=device)
         self.fresh = (torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh
                       else None)
         """fp32 state of each slot's last flush (``keep_fresh=True``), for inspection."""
 
     @property
-    def ring_len(self) -> torch.Tensor:
-        return self.counters.ring_len
+    def programs_per_slot(self) -> int:
+        """Programs per slot of the launch that advances the clock."""
+        bv = self.BV if self.launch == "fused" else self.out_BV
+        return self.HV * (self.V // bv)
 
     @property
     def steps(self) -> torch.Tensor:
-        return self.counters.steps
+        """Decode steps (committed tokens) per slot, int32 on the device."""
+        if self.T:
+            return self.counters.steps
+        return self.counters.tickets // self.programs_per_slot
+
+    @property
+    def ring_len(self) -> torch.Tensor:
+        """Entries in each slot's ring since its checkpoint, int32 on the device."""
+        if self.T:
+            return self.counters.ring_len
+        return self.steps % self.L
 
     def ring(self, name: str) -> torch.Tensor:
         """A ring field as float values (k, v, d in the ring dtype; g, beta fp32)."""
@@ -670,30 +848,37 @@ class GDNReplayCache:
         f_id = f.fmt_id if f is not None else FMT_NONE
         return c, fargs, f_id
 
+    def _skip_flags(self, B: int) -> torch.Tensor:
+        if self._skip.numel() < B:
+            self._skip = torch.zeros(B, dtype=torch.int32, device=self._skip.device)
+        return self._skip
+
     # -- steps -------------------------------------------------------------
     def step(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
         """One decode step for the B sequences (shapes as :func:`conventional_step`)."""
+        if self.T:
+            raise RuntimeError("a speculative cache (drafts > 0) advances by verify + commit")
         B = q.shape[0]
         _check_shapes(q, v, self.K, self.V)
         if out is None:
             out = torch.empty((B, self.HV, self.V), dtype=torch.float32, device=q.device)
+        q, k, v, a, b = (t.contiguous() for t in (q, k, v, a, b))
         c, fargs, f_id = self._copies()
-        args = (q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
-                A_log, dt_bias, state_indices, out, *c.kernel_args(), *fargs,
-                self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
-                *self.counters.args(),
-                self.fresh if self.fresh is not None else self.ring_g, as_int32(self.seed))
-        tail = (self.L, self.R, self.RP, c.fmt_id, f_id, self.ring_id)
-        fresh = self.fresh is not None
+        skip = self._skip_flags(B)
+        fresh = self.fresh if self.fresh is not None else self.ring_g
         heads = (self.HK, self.HV, self.K, self.V)
-        if self.launch == "fused":
-            _replay_step_kernel[(self.V // self.BV, B * self.HV)](
-                *args, *heads, self.BV, *tail, 0, fresh, num_warps=self.num_warps)
-        else:
+        fused = self.launch == "fused"
+        if not fused:
             self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices, out,
                         commit=False)
-            _replay_step_kernel[(self.V // self.out_BV, B * self.HV)](
-                *args, *heads, self.out_BV, *tail, 1, fresh, num_warps=self.out_num_warps)
+        bv, nw = (self.BV, self.num_warps) if fused else (self.out_BV, self.out_num_warps)
+        _replay_kernel[(self.V // bv, B * self.HV)](
+            q, k, v, a, b, A_log, dt_bias, state_indices, skip, out, *c.kernel_args(), *fargs,
+            self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
+            self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, min(self.FB, bv),
+            self.L, self.R, self.RP, self.LOG2RP, c.fmt_id, f_id, self.ring_id, fused,
+            self.fresh is not None, self.dot, num_warps=nw,
+        )
         return out
 
     def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, commit: bool
@@ -704,13 +889,13 @@ class GDNReplayCache:
         units = B * self.HV * (self.V // self.BV)
         grid = (max(1, min(units, self.n_sm * self.flush_ctas_per_sm)),)
         _flush_kernel[grid](
-            q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, *c.kernel_args(),
-            *fargs, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
-            self.counters.ring_len, self.counters.steps,
+            q, k, v, a, b, A_log, dt_bias, state_indices, accepted, self._skip_flags(B), out,
+            *c.kernel_args(), *fargs, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
+            self.counters.ring_len, self.counters.steps, self.counters.tickets,
             self.fresh if self.fresh is not None else self.ring_g, as_int32(self.seed), B,
-            self.HK, self.HV, self.K, self.V, self.BV, self.L, self.R, self.RP,
-            _pow2_at_least(B, 256), c.fmt_id, f_id, self.ring_id, self.fresh is not None,
-            commit, num_warps=self.num_warps,
+            self.HK, self.HV, self.K, self.V, self.BV, self.FB, self.L, self.R, self.RP,
+            self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
+            self.ring_id, self.fresh is not None, commit, self.dot, num_warps=self.num_warps,
         )
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
@@ -727,8 +912,8 @@ class GDNReplayCache:
             q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
             A_log, dt_bias, state_indices, out, *r.kernel_args(),
             self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
-            self.counters.ring_len, T, _pow2_at_least(T), self.HK, self.HV, self.K, self.V,
-            self.verify_BV, self.R, self.RP, r.fmt_id, self.ring_id,
+            self.counters.ring_len, T, _pow2_at_least(T, 16), self.HK, self.HV, self.K, self.V,
+            self.verify_BV, self.R, self.RP, r.fmt_id, self.ring_id, self.dot,
             num_warps=self.verify_num_warps,
         )
         return out

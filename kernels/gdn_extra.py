@@ -1,12 +1,18 @@
 """GDN-specific Triton device helpers that ``kernels/tl_formats.py`` does not have.
 
-* :func:`read_dots`: the output step's hot path, ``(S k, S q)`` for a block of rows of
-  a stored copy, decoding on the fly with the fewest operations per element (the
-  fp8 row scale is applied after the reduction and E4M3 codes are converted by the
-  hardware; E2M1 nibbles are turned into float bits with two shifts and a merge,
-  block scales applied once per block).  The values are those
-  of ``tl_formats.decode_tile``; only the order of the fp32 operations differs.
-* :func:`qk_at`: the prepared q and k at arbitrary element offsets.
+* :func:`load_tile` / :func:`tile_dots`: the output step's hot path, ``(S k, S q)`` for
+  a block of rows of a stored copy.  The load is separate from the arithmetic so a
+  kernel can issue the state load first and everything else while it is in flight.
+  Decoding uses the fewest operations per element (the fp8 row scale is applied
+  after the reduction and E4M3 codes are converted by the hardware; E2M1 nibbles
+  are turned into float bits with two shifts and a merge, block scales applied once
+  per block).  The values are those of ``tl_formats.decode_tile``; only the order of
+  the fp32 operations differs.
+* :func:`qk_at`, :func:`prep_qk_rows`: the prepared q and k (one vector, or a tile of
+  rows: several drafts at once).
+* :func:`inv_unit_lower`: ``(I + N)^-1`` of a strictly lower-triangular ``N`` by
+  repeated squaring (``log2`` of its size small matrix products, no sequential
+  substitution).
 
 Candidates to move into ``tl_formats.py``.
 """
@@ -24,6 +30,7 @@ from .tl_formats import (
     K_FP16,
     K_FP16_SR,
     K_FP32,
+    K_MXFP4,
     K_NVFP4,
     bf16_bits_to_f32,
     e8m0_value,
@@ -43,22 +50,64 @@ def qk_at(q_ptr, k_ptr, offs, q_norm, k_norm, K: tl.constexpr, RING: tl.constexp
 
 
 @triton.jit
+def prep_qk_rows(Q, Kt, K: tl.constexpr, RING: tl.constexpr):
+    """Rows of raw q and k (float32 tiles ``(rows, K)``; zero rows stay zero) prepared as
+    :func:`qk_at` prepares one vector: L2-normalised with the norm clamped at 1e-6, q
+    scaled by ``K**-0.5``, k rounded to the ring dtype."""
+    qn = tl.maximum(tl.sqrt_rn(tl.sum(Q * Q, axis=1)), 1e-6)
+    kn = tl.maximum(tl.sqrt_rn(tl.sum(Kt * Kt, axis=1)), 1e-6)
+    q = tl.math.div_rn(Q, qn[:, None]) * (K**-0.5)
+    k = ring_round(tl.math.div_rn(Kt, kn[:, None]), RING)
+    return q, k
+
+
+@triton.jit
 def e4m3_value_fast(c):
     """float32 value of E4M3 codes (uint8 tensor) by the hardware conversion (no NaN codes)."""
     return c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _fp4_dots(data, s1, s2, mat, offs_v, k, q, V: tl.constexpr, K: tl.constexpr,
-              BV: tl.constexpr, BS: tl.constexpr, FMT: tl.constexpr):
-    """``(S k, S q)`` of E2M1 rows with a scale per BS elements (nvfp4: BS 16, E4M3
-    scales times the matrix scale; mxfp4: BS 32, E8M0).  Each nibble becomes the
-    float32 whose bits are ``sign << 31 | mag << 22`` (its value times 2**-126; code 1
-    is an fp32 subnormal), two shifts and a bit merge; the 2**126 goes into k and q,
-    and block sums are scaled once per block."""
+def load_tile(data, s1, s2, mat, offs_v, mask, V: tl.constexpr, K: tl.constexpr,
+              FMT: tl.constexpr):
+    """The stored pieces of rows ``offs_v`` of matrix ``mat`` (int64, slot * heads +
+    head): ``(codes, scales, matrix scale)`` shaped as ``tl_formats.load_codes`` returns
+    them (rows where ``mask`` is false are not read and are zero).  One scalar int64
+    base per matrix plus int32 tile offsets (vectorised loads)."""
+    m2 = mask[:, None]
+    sc = 0.0
+    s2v = 0.0
+    if (FMT == K_NVFP4) or (FMT == K_MXFP4):
+        offs_h = tl.arange(0, K // 2)
+        codes = tl.load(data + mat * (V * K // 2) + offs_v[:, None] * (K // 2) + offs_h[None, :],
+                        mask=m2, other=0)
+        if FMT == K_NVFP4:
+            ob = tl.arange(0, K // 16)
+            sc = tl.load(s1 + mat * (V * (K // 16)) + offs_v[:, None] * (K // 16) + ob[None, :],
+                         mask=m2, other=0)
+            s2v = tl.load(s2 + mat)
+        else:
+            ob = tl.arange(0, K // 32)
+            sc = tl.load(s1 + mat * (V * (K // 32)) + offs_v[:, None] * (K // 32) + ob[None, :],
+                         mask=m2, other=0)
+    else:
+        offs_k = tl.arange(0, K)
+        codes = tl.load(data + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], mask=m2,
+                        other=0)
+        if FMT == K_FP8:
+            sc = tl.load(s1 + mat * V + offs_v, mask=mask, other=0.0)
+    return codes, sc, s2v
+
+
+@triton.jit
+def _fp4_dots(b, sc, s2v, k, q, K: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
+              FMT: tl.constexpr):
+    """``(S k, S q)`` of E2M1 rows (packed bytes ``b``) with a scale per BS elements
+    (nvfp4: BS 16, E4M3 scales ``sc`` times the matrix scale ``s2v``; mxfp4: BS 32, E8M0).
+    Each nibble becomes the float32 whose bits are ``sign << 31 | mag << 22`` (its
+    value times 2**-126; code 1 is an fp32 subnormal), two shifts and a bit merge; the
+    2**126 goes into k and q, and block sums are scaled once per block."""
     NB: tl.constexpr = K // BS
-    offs_h = tl.arange(0, K // 2)
-    b = tl.load(data + mat * (V * K // 2) + offs_v[:, None] * (K // 2) + offs_h[None, :])
     b = b.to(tl.int32)
     x_lo = (((b << 28) & -2147483648) | ((b & 7) << 22)).to(tl.float32, bitcast=True)
     x_hi = (((b << 24) & -2147483648) | ((b << 18) & 0x01C00000)).to(tl.float32, bitcast=True)
@@ -66,10 +115,9 @@ def _fp4_dots(data, s1, s2, mat, offs_v, k, q, V: tl.constexpr, K: tl.constexpr,
     qe, qo = tl.split(tl.reshape(q * 8.507059173023462e37, (K // 2, 2)))
     acc_k = tl.reshape(x_lo * ke[None, :] + x_hi * ko[None, :], (BV, NB, BS // 2))
     acc_q = tl.reshape(x_lo * qe[None, :] + x_hi * qo[None, :], (BV, NB, BS // 2))
-    ob = tl.arange(0, NB)
-    sc = tl.load(s1 + mat * (V * NB) + offs_v[:, None] * NB + ob[None, :]).to(tl.int32)
+    sc = sc.to(tl.int32)
     if FMT == K_NVFP4:
-        scale = e4m3_value_exact(sc) * tl.load(s2 + mat)
+        scale = e4m3_value_exact(sc) * s2v
     else:
         scale = e8m0_value(sc)
     Sk = tl.sum(tl.sum(acc_k, axis=2) * scale, axis=1)
@@ -78,32 +126,48 @@ def _fp4_dots(data, s1, s2, mat, offs_v, k, q, V: tl.constexpr, K: tl.constexpr,
 
 
 @triton.jit
-def read_dots(data, s1, s2, mat, offs_v, k, q, V: tl.constexpr, K: tl.constexpr,
-              BV: tl.constexpr, FMT: tl.constexpr):
-    """``(S k, S q)`` (float32 (BV,) each) for rows ``offs_v`` of stored matrix ``mat``
-    (int64, slot * heads + head) in format ``FMT`` (``tl_formats`` ids and layouts).
-    ``k``, ``q``: the prepared (K,) vectors."""
-    offs_k = tl.arange(0, K)
-    tile = offs_v[:, None] * K + offs_k[None, :]
+def tile_dots(codes, sc, s2v, k, q, K: tl.constexpr, BV: tl.constexpr, FMT: tl.constexpr):
+    """``(S k, S q)`` (float32 (BV,) each) of a tile :func:`load_tile` loaded, in format
+    ``FMT`` (``tl_formats`` ids and layouts).  ``k``, ``q``: the prepared (K,) vectors."""
     if FMT == K_FP32:
-        S = tl.load(data + mat * (V * K) + tile)
-        Sk = tl.sum(S * k[None, :], axis=1)
-        Sq = tl.sum(S * q[None, :], axis=1)
+        Sk = tl.sum(codes * k[None, :], axis=1)
+        Sq = tl.sum(codes * q[None, :], axis=1)
     elif (FMT == K_BF16) or (FMT == K_BF16_SR):
-        S = bf16_bits_to_f32(tl.load(data + mat * (V * K) + tile))
+        S = bf16_bits_to_f32(codes)
         Sk = tl.sum(S * k[None, :], axis=1)
         Sq = tl.sum(S * q[None, :], axis=1)
     elif (FMT == K_FP16) or (FMT == K_FP16_SR):
-        S = fp16_bits_to_f32(tl.load(data + mat * (V * K) + tile))
+        S = fp16_bits_to_f32(codes)
         Sk = tl.sum(S * k[None, :], axis=1)
         Sq = tl.sum(S * q[None, :], axis=1)
     elif FMT == K_FP8:
-        S = e4m3_value_fast(tl.load(data + mat * (V * K) + tile))
-        scale = tl.load(s1 + mat * V + offs_v)
-        Sk = scale * tl.sum(S * k[None, :], axis=1)
-        Sq = scale * tl.sum(S * q[None, :], axis=1)
+        S = e4m3_value_fast(codes)
+        Sk = sc * tl.sum(S * k[None, :], axis=1)
+        Sq = sc * tl.sum(S * q[None, :], axis=1)
     elif FMT == K_NVFP4:
-        Sk, Sq = _fp4_dots(data, s1, s2, mat, offs_v, k, q, V, K, BV, 16, FMT)
+        Sk, Sq = _fp4_dots(codes, sc, s2v, k, q, K, BV, 16, FMT)
     else:
-        Sk, Sq = _fp4_dots(data, s1, s2, mat, offs_v, k, q, V, K, BV, 32, FMT)
+        Sk, Sq = _fp4_dots(codes, sc, s2v, k, q, K, BV, 32, FMT)
     return Sk, Sq
+
+
+@triton.jit
+def read_dots(data, s1, s2, mat, offs_v, k, q, V: tl.constexpr, K: tl.constexpr,
+              BV: tl.constexpr, FMT: tl.constexpr):
+    """:func:`load_tile` then :func:`tile_dots` (all rows in range)."""
+    codes, sc, s2v = load_tile(data, s1, s2, mat, offs_v, offs_v < V, V, K, FMT)
+    return tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
+
+
+@triton.jit
+def inv_unit_lower(Nm, RP: tl.constexpr, LOG2RP: tl.constexpr):
+    """``(I + N)^-1`` for a strictly lower-triangular ``(RP, RP)`` float32 ``N`` (so
+    ``N**RP = 0``): ``(I - N)(I + N^2)(I + N^4)...(I + N^(RP/2))``, 2 (log2 RP - 1)
+    small products (ieee fp32)."""
+    offs = tl.arange(0, RP)
+    Tm = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0) - Nm
+    Np = Nm
+    for _ in tl.static_range(LOG2RP - 1):
+        Np = tl.dot(Np, Np, input_precision="ieee")
+        Tm = Tm + tl.dot(Tm, Np, input_precision="ieee")
+    return Tm

@@ -18,6 +18,8 @@ for _m in ("gdn_extra", "gdn_decode", "gdn_backend"):  # compiled-mode leftovers
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
 from precisionlab.kernels.gdn_backend import TritonGDNDesign, supports  # noqa: E402
 from precisionlab.kernels.gdn_decode import (  # noqa: E402
     GDNReplayCache,
@@ -27,8 +29,6 @@ from precisionlab.kernels.gdn_decode import (  # noqa: E402
     store_into,
 )
 from precisionlab.kernels.state import StateStore  # noqa: E402
-
-from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
 from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import gdn  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
@@ -134,11 +134,9 @@ DESIGNS = [
 ]
 
 
-@pytest.mark.parametrize("design", DESIGNS, ids=lambda d: d.label)
-def test_replay_matches_torch_runner_and_formats(design) -> None:
+def check_replay(design, steps: int, ring: torch.dtype = torch.bfloat16, **cfg) -> None:
     """Per-step outputs match the torch runner; every flush writes exactly the bits
     formats/ gives the kernel's fp32 state (checkpoint: seed, read copy: seed + 1)."""
-    steps = 2 * design.window + 1
     kind, params, raws = setup(steps=steps, batch=2, seed=1)
     idx = torch.tensor([2, 0], dtype=torch.int32, device=DEV)
     live = idx.long()
@@ -146,16 +144,15 @@ def test_replay_matches_torch_runner_and_formats(design) -> None:
     read = None if design.kind == "shared" else design.read_format
     cache = GDNReplayCache(3, HK, HV, K, V, window=design.window,
                            checkpoint=design.checkpoint_format, read=read, seed=4, device=DEV,
-                           keep_fresh=True, block_v=None if "nvfp4" in (read,) else 16)
+                           keep_fresh=True, ring_dtype=ring, **cfg)
     cache.reset()
     cache.reset(S0, slots=live)
     # the torch runner sees slot order: its batch row b is slot idx[b]
-    runner = TorchDesignRunner(design, kind, params, 2, DEV, torch.bfloat16, seed=4,
-                               state0=S0)
+    runner = TorchDesignRunner(design, kind, params, 2, DEV, ring, seed=4, state0=S0)
     exact_sr = design.checkpoint_format.endswith("-sr")
     for t, raw in enumerate(raws):
         o = cache.step(*args(raw), params.A_log, params.dt_bias, idx)
-        o_ref, S_new = runner.step(kind.prepare(raw, params, torch.bfloat16), t, raw)
+        o_ref, S_new = runner.step(kind.prepare(raw, params, ring), t, raw)
         # an SR checkpoint rounds the kernel's and torch's (equal to 1e-7) states with
         # different random outcomes at a few elements; fp32 checkpoints agree exactly
         tol = TOL if (not exact_sr or t < design.window) else 5e-2
@@ -169,10 +166,38 @@ def test_replay_matches_torch_runner_and_formats(design) -> None:
                 assert_bits(cache.read, fresh, 5, t, live)
     assert cache.ring_len[live].tolist() == [steps % design.window] * 2
     assert cache.steps[live].tolist() == [steps] * 2
-    assert cache.counters.tickets.tolist() == [0, 0, 0]
+    clock = cache.counters.tickets.tolist()  # one tick per program and step; slot 1 unused
+    assert clock[1] == 0 and clock[0] == clock[2] == steps * cache.programs_per_slot
 
 
-@pytest.mark.parametrize("read,bv", [("fp8-e4m3", 16), ("nvfp4", 32)])
+@pytest.mark.parametrize("design", DESIGNS, ids=lambda d: d.label)
+def test_replay_matches_torch_runner_and_formats(design) -> None:
+    """Two flushes of each design (the default launch: fused, tf32x3 products), two
+    16-row blocks per head (nvfp4: the whole 32-row matrix)."""
+    whole = "nvfp4" in (design.checkpoint_format, design.read_format)
+    check_replay(design, 2 * design.window + 1, block_v=None if whole else 16)
+
+
+CONFIGS = [
+    # the production window: 16 entries fill the (16, 16) triangular system; ieee
+    # products; two 16-row flush chunks per program
+    (shared("fp32", 16), dict(block_v=32, flush_chunk=16, dot_precision="ieee")),
+    # 17 entries (a 32-entry system); nvfp4 copy: two passes over two chunks (amax first)
+    (split("fp16-sr", "nvfp4", 17), dict(flush_chunk=16)),
+    # split launch: persistent flush over 16-row units, output launch of 32-row blocks
+    (split("fp32", "fp8-e4m3", 5), dict(launch="split", block_v=16, out_block_v=32)),
+]
+
+
+@pytest.mark.parametrize("design,cfg", CONFIGS, ids=lambda x: getattr(x, "label", ""))
+def test_replay_windows_and_launches(design, cfg) -> None:
+    """fp32 ring: over a long window a bf16 ring's d entries (rounded from fp32 values
+    that agree with torch to ~1e-7) can round to neighbouring bf16 values."""
+    check_replay(design, design.window + 1 if design.window > 8 else 2 * design.window + 1,
+                 ring=torch.float32, **cfg)
+
+
+@pytest.mark.parametrize("read,bv", [("nvfp4", 32)])
 def test_split_launch_equals_fused(read: str, bv: int) -> None:
     """Flush launch + output launch (its own, smaller block) = the one fused launch."""
     kind, params, raws = setup(steps=4, batch=2, seed=2)
@@ -210,15 +235,16 @@ def test_backend_matches_torch_runner() -> None:
 # ------------------------------------------------------------------ speculative
 def test_spec_accepted_outputs_equal_plain_decoding() -> None:
     """Verify T drafts (rejected ones are junk), commit a random accepted count: the
-    accepted outputs equal plain decoding (fp32 ring: equal to fp32 rounding)."""
+    accepted outputs equal plain decoding (shared fp32, fp32 ring: equal to fp32
+    rounding, whenever either path flushes)."""
     T, L, steps, B = 3, 4, 8, 2
     kind, params, raws = setup(steps=steps, batch=B, seed=8)
     idx = torch.tensor([1, 0], dtype=torch.int32, device=DEV)
     S0 = state0(B)
 
     def cache(drafts: int) -> GDNReplayCache:
-        c = GDNReplayCache(2, HK, HV, K, V, window=L, drafts=drafts, device=DEV, block_v=16,
-                           ring_dtype=torch.float32)
+        c = GDNReplayCache(2, HK, HV, K, V, window=L, drafts=drafts, device=DEV, block_v=32,
+                           verify_block_v=16, ring_dtype=torch.float32)
         c.reset(S0[[1, 0]])
         return c
 
@@ -251,6 +277,41 @@ def test_spec_accepted_outputs_equal_plain_decoding() -> None:
             assert int(spec.ring_len[idx[b]]) == (0 if int(before[idx[b]]) + int(acc[b]) >= L
                                                   else int(before[idx[b]]) + int(acc[b]))
     assert spec.steps[idx.long()].tolist() == pos
+
+
+def test_verify_and_commit_flush_on_a_read_copy() -> None:
+    """Split design (fp8 read copy): each draft's output and ring d equal
+    ``layers.gdn.replay_step`` on the decoded read copy and the ring; a commit that
+    reaches the window folds all committed entries (6 > L) like ``layers.gdn.fold``
+    and writes both copies' exact bits."""
+    T, L, B = 3, 4, 2
+    kind, params, raws = setup(steps=2 * T, batch=B, seed=9)
+    idx = torch.tensor([1, 0], dtype=torch.int32, device=DEV)
+    live = idx.long()
+    cache = GDNReplayCache(2, HK, HV, K, V, window=L, drafts=T, read="fp8-e4m3", seed=3,
+                           device=DEV, block_v=32, verify_block_v=16,
+                           ring_dtype=torch.float32, keep_fresh=True)
+    cache.reset(state0(B)[[1, 0]])
+    inps = [kind.prepare(r, params, torch.float32) for r in raws]
+    for r0 in (0, T):
+        S_read = cache.read.decode()[live]
+        drafts = {n: torch.stack([raws[r0 + j][n] for j in range(T)], dim=1)
+                  for n in ("q", "k", "v", "a", "b")}
+        o = cache.verify(*(drafts[n] for n in ("q", "k", "v", "a", "b")), params.A_log,
+                         params.dt_bias, idx)
+        rk, rg, rd = (cache.ring(f)[live] for f in ("k", "g", "d"))
+        for j in range(T):
+            n = r0 + j
+            o_ref, d_ref = gdn.replay_step(S_read, rk[:, :n], rg[:, :n], rd[:, :n], inps[n])
+            assert rel(o[:, j], o_ref) < TOL and rel(rd[:, n], d_ref) < TOL
+        cache.commit(torch.full((B,), T, dtype=torch.int32, device=DEV), idx)
+    # the second commit reached 2T = 6 >= L committed entries: flushed
+    assert cache.ring_len[live].tolist() == [0, 0] and cache.steps[live].tolist() == [6, 6]
+    rk, rv, rg, rb = (cache.ring(f)[live] for f in ("k", "v", "g", "beta"))
+    S_ref = gdn.fold(state0(B), rk[:, :2 * T], rv[:, :2 * T], rg[:, :2 * T], rb[:, :2 * T])
+    assert rel(cache.fresh[live], S_ref) < TOL
+    assert_bits(cache.ckpt, cache.fresh, 3, 2 * T - 1, live)
+    assert_bits(cache.read, cache.fresh, 4, 2 * T - 1, live)
 
 
 # ---------------------------------------------------------------- GPU only
