@@ -30,8 +30,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tl_common import decay_weights, dt_of, gate, ring_load, ring_round, ring_store
-from .tl_formats import load_state, matrix_amax, store_state, tile_offsets
+from .tl_common import (
+    decay_weights,
+    dt_of,
+    gate,
+    ring_decode,
+    ring_load,
+    ring_load_raw,
+    ring_round,
+    ring_store,
+)
+from .tl_formats import (
+    decode_tile,
+    load_codes,
+    load_state,
+    matrix_amax,
+    store_state,
+    tile_offsets,
+)
 
 MODE_STEP = 1
 MODE_VERIFY = 2
@@ -111,9 +127,10 @@ def mamba2_kernel(
                 tl.store(out_b + k * s_ot + h * P + rows, 0.0, mask=rows < P)
         return
     mat0 = slot.to(tl.int64) * H
-    # first state tile of the output path: depends on the slot only
+    # first state tile of the output path (raw codes): depends on the slot only
     h_0, rows_0 = _tile_rows(0, h0, H, NPB, BLOCK_P)
-    S = load_state(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, rows_0 < P, P, RD_FMT, BLOCK_P, N)
+    cc, cs1, cs2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, rows_0 < P, P, RD_FMT,
+                              BLOCK_P, N)
 
     if MODE == K_MODE_STEP:
         clock = tl.load(tickets + slot)
@@ -182,46 +199,50 @@ def mamba2_kernel(
             # ---- output: y = exp(L) S_read C + sum_i w_i (B_i.C) x_i + D x --------
             BC = tl.sum(eB * C_t[None, :], axis=1)
             mr = offs_r < c
-            # small inputs of tile 0 (tile q+1's are loaded before tile q is computed)
+            # small inputs of tile 0; tile q+1's raw loads are issued before tile q is
+            # computed and converted only when used, so the prefetch never stalls
             A_h, D_h, dtb = _head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
             m = rows_0 < P
-            rx = ring_load(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
-                           mr[:, None] & m[None, :], RING)
+            rx = ring_load_raw(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
+                               mr[:, None] & m[None, :], RING)
             rdt = tl.load(rdt_b + h_0 + offs_r * H, mask=mr, other=0.0)
-            x = tl.load(x_b + h_0 * P + rows_0, mask=m, other=0.0).to(tl.float32)
+            x = tl.load(x_b + h_0 * P + rows_0, mask=m, other=0.0)
             z = 0.0
             if HAS_Z:
-                z = tl.load(z_b + h_0 * P + rows_0, mask=m, other=0.0).to(tl.float32)
+                z = tl.load(z_b + h_0 * P + rows_0, mask=m, other=0.0)
             dt_raw = tl.load(dt_b + h_0)
             for q in range(NT):
                 h, rows = _tile_rows(q, h0, H, NPB, BLOCK_P)
                 m = rows < P
-                # ---- prefetch tile q + 1
+                # ---- prefetch tile q + 1 (raw)
                 h2, rows2 = _tile_rows(q + 1, h0, H, NPB, BLOCK_P)
                 m2 = (rows2 < P) & (q + 1 < NT)
-                S2 = load_state(rd_c, rd_s1, rd_s2, mat0 + h2, rows2, m2, P, RD_FMT, BLOCK_P, N)
-                rx2 = ring_load(rx_b + h2 * P + offs_r[:, None] * HP + rows2[None, :],
-                                mr[:, None] & m2[None, :], RING)
+                cc2, cs12, cs22 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h2, rows2, m2, P, RD_FMT,
+                                             BLOCK_P, N)
+                rx2 = ring_load_raw(rx_b + h2 * P + offs_r[:, None] * HP + rows2[None, :],
+                                    mr[:, None] & m2[None, :], RING)
                 rdt2 = tl.load(rdt_b + h2 + offs_r * H, mask=mr, other=0.0)
-                x2 = tl.load(x_b + h2 * P + rows2, mask=m2, other=0.0).to(tl.float32)
+                x2 = tl.load(x_b + h2 * P + rows2, mask=m2, other=0.0)
                 z2 = 0.0
                 if HAS_Z:
-                    z2 = tl.load(z_b + h2 * P + rows2, mask=m2, other=0.0).to(tl.float32)
+                    z2 = tl.load(z_b + h2 * P + rows2, mask=m2, other=0.0)
                 dt_raw2 = tl.load(dt_b + h2)
                 A2, D2, dtb2 = _head_consts(h2, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
                 # ---- compute tile q
+                S = decode_tile(cc, cs1, cs2, RD_FMT, BLOCK_P, N)  # masked rows decode to 0
                 dt = dt_of(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
                 edt = tl.where(offs_r == c, dt, rdt)
                 last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
-                xr = ring_round(x, RING)
-                ex = tl.where((offs_r == c)[:, None], xr[None, :], rx)
+                xf = x.to(tl.float32)
+                xr = ring_round(xf, RING)
+                ex = tl.where((offs_r == c)[:, None], xr[None, :], ring_decode(rx, RING))
                 y = tl.exp(last) * tl.sum(S * C_t[None, :], axis=1)
                 y = y + tl.sum((w * BC)[:, None] * ex, axis=0)
-                tl.store(out_b + h * P + rows, gate(y, x, z, D_h, HAS_Z), mask=m)
+                tl.store(out_b + h * P + rows, gate(y, xf, z.to(tl.float32), D_h, HAS_Z), mask=m)
                 ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
                 if q % NPB == 0:
                     tl.store(rdt_b + c * H + h, dt)
-                S, rx, rdt, x, z, dt_raw = S2, rx2, rdt2, x2, z2, dt_raw2
+                cc, cs1, cs2, rx, rdt, x, z, dt_raw = cc2, cs12, cs22, rx2, rdt2, x2, z2, dt_raw2
                 A_h, D_h, dtb = A2, D2, dtb2
             if h0 % hpg == 0:
                 ring_store(rB_b + c * (G * N) + offs_n, B_t, offs_n < N, RING)
@@ -258,8 +279,8 @@ def mamba2_kernel(
                         tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
                                  mask=m[:, None])
             tl.debug_barrier()  # the drafts below read the copy just written
-            S = load_state(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, rows_0 < P, P, RD_FMT,
-                           BLOCK_P, N)
+            cc, cs1, cs2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, rows_0 < P, P,
+                                      RD_FMT, BLOCK_P, N)
             c0 = c * 0
             half = 1 - half  # drafts go to the other ring half
         else:
@@ -300,7 +321,9 @@ def mamba2_kernel(
             # prefetch the next state tile
             h2, rows2 = _tile_rows(q + 1, h0, H, NPB, BLOCK_P)
             m2 = (rows2 < P) & (q + 1 < NT)
-            S2 = load_state(rd_c, rd_s1, rd_s2, mat0 + h2, rows2, m2, P, RD_FMT, BLOCK_P, N)
+            cc2, cs12, cs22 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h2, rows2, m2, P, RD_FMT,
+                                         BLOCK_P, N)
+            S = decode_tile(cc, cs1, cs2, RD_FMT, BLOCK_P, N)
             ex = tl.where(old[:, None], rx, ix)
             edt = tl.where(old, rdt, tl.where(vd, idt, 0.0))
             cum = tl.cumsum(edt * A_h, axis=0)
@@ -321,4 +344,4 @@ def mamba2_kernel(
                        vd[:, None] & m[None, :], RING)
             if q % NPB == 0:
                 tl.store(rdt_b + offs_r * H + h, idt, mask=vd)
-            S = S2
+            cc, cs1, cs2 = cc2, cs12, cs22

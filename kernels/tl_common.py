@@ -81,15 +81,31 @@ def ring_round(v, RING: tl.constexpr):
 
 
 @triton.jit
+def ring_decode(raw, RING: tl.constexpr):
+    """float32 values of raw ring entries (as :func:`ring_load_raw` loads them)."""
+    if RING == K_RING_BF16:
+        v = bf16_bits_to_f32(raw)
+    elif RING == K_RING_FP16:
+        v = fp16_bits_to_f32(raw)
+    else:
+        v = raw
+    return v
+
+
+@triton.jit
+def ring_load_raw(ptrs, mask, RING: tl.constexpr):
+    """Load ring entries without converting them (a prefetch that does not stall)."""
+    if RING == K_RING_FP32:
+        v = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        v = tl.load(ptrs, mask=mask, other=0)
+    return v
+
+
+@triton.jit
 def ring_load(ptrs, mask, RING: tl.constexpr):
     """Load ring entries as float32 (masked entries zero)."""
-    if RING == K_RING_BF16:
-        v = bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
-    elif RING == K_RING_FP16:
-        v = fp16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
-    else:
-        v = tl.load(ptrs, mask=mask, other=0.0)
-    return v
+    return ring_decode(ring_load_raw(ptrs, mask, RING), RING)
 
 
 @triton.jit

@@ -262,7 +262,17 @@ def e2m1_code(y, NEG_ZERO: tl.constexpr):
 
 @triton.jit
 def e2m1_value(code):
-    return minifloat_value(code, 2, 1, 1)
+    """float32 value of an E2M1 code (int32), built from bits (-0.0 kept)."""
+    mag = tl.where((code & 6) == 0, (code & 1) * 0x3F000000, ((code & 7) << 22) + (126 << 23))
+    return (mag | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_value_fast(code):
+    """float32 value of E4M3 codes (uint8) by the hardware fp8 conversion (exact for
+    finite codes, also in the interpreter); 0x7F/0xFF give NaN."""
+    v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), v)
 
 
 @triton.jit
@@ -374,7 +384,7 @@ def decode_tile(codes, s1, s2, FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.c
     elif (FMT == K_FP16) or (FMT == K_FP16_SR):
         S = fp16_bits_to_f32(codes)
     elif FMT == K_FP8:
-        S = e4m3_value(codes.to(tl.int32)) * s1[:, None]
+        S = e4m3_value_fast(codes) * s1[:, None]
     elif FMT == K_NVFP4:
         bs = e4m3_value(s1.to(tl.int32)) * s2
         S = e2m1_value(unpack_nibbles(codes, BLOCK_P, N)) * per_block(bs, BLOCK_P, N, 16)

@@ -88,6 +88,14 @@ class ColdL2Timer:
 
 
 @triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    base = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    for i in range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
 def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     pid = tl.program_id(0)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -100,18 +108,23 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
 
 def bandwidth(nbytes: int = 2 << 30, device: torch.device | str = "cuda",
               timer: ColdL2Timer | None = None, n: int = 10) -> dict[str, float]:
-    """Measured ceilings in TB/s: ``copy`` (read + write of a device copy) and
-    ``read`` (a read-only reduction), each a median of cold-L2 graph replays."""
+    """Measured ceilings in TB/s: ``copy`` (read + write, a Triton copy kernel;
+    ``torch_copy`` for ``Tensor.copy_``) and ``read`` (a read-only reduction), each
+    a median of cold-L2 graph replays."""
     timer = timer or ColdL2Timer(device)
     numel = nbytes // 4
     src = torch.randn(numel, device=device)
     dst = torch.empty_like(src)
-    copy_us = timer.median(capture(lambda: dst.copy_(src)), n)
     block, iters = 4096, 8
     grid = triton.cdiv(numel, block * iters)
+    copy_us = timer.median(capture(
+        lambda: _copy_kernel[(grid,)](src, dst, numel, BLOCK=block, ITERS=iters, num_warps=8)
+    ), n)
+    torch_copy_us = timer.median(capture(lambda: dst.copy_(src)), n)
     part = torch.empty(grid, device=device)
     read_us = timer.median(capture(
         lambda: _read_kernel[(grid,)](src, part, numel, BLOCK=block, ITERS=iters, num_warps=8)
     ), n)
     return {"copy_TBps": 2 * nbytes / copy_us / 1e6, "read_TBps": nbytes / read_us / 1e6,
+            "torch_copy_TBps": 2 * nbytes / torch_copy_us / 1e6,
             "copy_us": copy_us, "read_us": read_us, "bytes": float(nbytes)}

@@ -39,13 +39,14 @@ ANCHOR_PEER_US = {("nemotron-3-super-120b", 256): 615.5, ("nemotron-3-nano-4b", 
                   ("nemotron-3-super-120b", 64): 154.5, ("nemotron-3-nano-4b", 64): 147.0}
 """mamba_ssm selective_state_update on an H200 (shared/anchors/h200-peers-*.json)."""
 
-# (block_p, num_warps) candidates tried at the tuning batch; the best is used everywhere
+# (block_p, num_warps) tried at the tuning batch, the best used at every batch; replay
+# caches take the default heads per program for their batch
 CANDIDATES: dict[str, list[tuple[int | None, int | None]]] = {
-    "conventional": [(4, 4), (8, 4), (16, 4), (32, 8)],
-    "replay-fp32": [(16, 4), (32, 8), (64, 8)],
-    "split-fp32-fp8": [(32, 4), (64, 8), (128, 16)],
-    "split-fp16sr-nvfp4": [(None, 8), (None, 16)],
-    "verify-T4": [(16, 4), (32, 8), (64, 8)],
+    "conventional": [(16, 4), (8, 4)],
+    "replay-fp32": [(32, 4), (16, 4)],
+    "split-fp32-fp8": [(64, 8), (32, 4)],
+    "split-fp16sr-nvfp4": [(64, 16), (64, 8)],
+    "verify-T4": [(32, 4), (16, 4)],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",
         "TBps_step", "TBps_output", "TBps_flush", "frac_read_output", "frac_copy_flush",
@@ -172,7 +173,6 @@ class _Runner:
     def conventional(self, prob: _Problem, cfg, fmt: str = "fp32") -> list[float]:
         from precisionlab.kernels.mamba2_step import HeadParams, mamba2_conventional_step
         from precisionlab.kernels.state import StateStore
-
         from precisionlab.timing import capture
 
         store = StateStore.encode(prob.state(), fmt)
@@ -201,7 +201,6 @@ class _Runner:
 
     def replay(self, prob: _Problem, ck: str, rd: str | None, L: int, cfg) -> list[float]:
         from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache, mamba2_step
-
         from precisionlab.timing import capture
 
         cache = Mamba2Cache.allocate(prob.batch, prob.H, prob.P, prob.N, prob.G,
@@ -222,7 +221,6 @@ class _Runner:
     def verify(self, prob: _Problem, L: int, T: int, cfg) -> list[float]:
         from precisionlab.kernels.mamba2_spec import mamba2_commit, mamba2_verify
         from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache
-
         from precisionlab.timing import capture
 
         cache = Mamba2Cache.allocate(prob.batch, prob.H, prob.P, prob.N, prob.G, window=L,
@@ -236,7 +234,7 @@ class _Runner:
         def fn():
             mamba2_verify(cache, inp["x"], inp["dt"], inp["B"], inp["C"], head, z=inp["z"],
                           dt_softplus=True, out=out, block_p=cfg[0], num_warps=cfg[1])
-            mamba2_commit(cache, acc)
+            mamba2_commit(cache, acc, T)
 
         g = capture(fn)
         for t in (cache.ring_len, cache.steps, cache.tickets):
@@ -298,7 +296,8 @@ def bench_mamba2(
     dev = torch.device(device)
     timer = ColdL2Timer(dev)
     bw = bandwidth(device=dev, timer=timer)
-    log(f"bandwidth: copy {bw['copy_TBps']:.3f} TB/s, read {bw['read_TBps']:.3f} TB/s")
+    log(f"bandwidth: copy {bw['copy_TBps']:.3f} TB/s (torch copy_ "
+        f"{bw.get('torch_copy_TBps', float('nan')):.3f}), read {bw['read_TBps']:.3f} TB/s")
     ssu = None
     if "mamba_ssm" in kernels:
         try:
@@ -342,7 +341,7 @@ def bench_mamba2(
                 if L not in windows and batch != extra_batch:
                     continue
                 for ki, k in enumerate(kernels):
-                    if L != windows[0] and k in ("conventional", "mamba_ssm"):
+                    if L != windows[0] and k in ("conventional", "mamba_ssm", "verify-T4"):
                         continue
                     try:
                         times = runner.run(k, prob, L, cfgs.get(k, (None, None)), ssu)
@@ -376,7 +375,8 @@ def bench_mamba2(
     ds.attrs.update({
         "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
         "triton": triton.__version__, "copy_TBps": bw["copy_TBps"],
-        "read_TBps": bw["read_TBps"], "peer": "mamba_ssm" if ssu else "conventional (ours)",
+        "read_TBps": bw["read_TBps"], "torch_copy_TBps": bw.get("torch_copy_TBps", np.nan),
+        "peer": "mamba_ssm" if ssu else "conventional (ours)",
         "configs_json": json.dumps(chosen), "positions_json": json.dumps(positions),
         "errors_json": json.dumps(errors),
         "method": "CUDA-graph replay per step, >=256 MB L2 flush before each replay, medians",

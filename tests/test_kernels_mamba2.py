@@ -13,6 +13,9 @@ DEVICE = kernel_device()  # before the kernel modules are imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from precisionlab import formats  # noqa: E402
+from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
 from precisionlab.kernels.mamba2_backend import TritonMamba2Design  # noqa: E402
 from precisionlab.kernels.mamba2_spec import mamba2_commit, mamba2_verify  # noqa: E402
 from precisionlab.kernels.mamba2_step import (  # noqa: E402
@@ -22,9 +25,6 @@ from precisionlab.kernels.mamba2_step import (  # noqa: E402
     mamba2_step,
 )
 from precisionlab.kernels.state import StateStore  # noqa: E402
-
-from precisionlab import formats  # noqa: E402
-from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
 from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import mamba2  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
