@@ -61,7 +61,7 @@ import triton
 import triton.language as tl
 
 from .codec import as_int32
-from .gdn_extra import inv_unit_lower, load_tile, prep_qk_rows, qk_at, tile_dots
+from .gdn_extra import inv_unit_lower, load_tile, qk_at, tile_dots
 from .state import StateStore
 from .tl_common import (
     RING_BF16,
@@ -81,7 +81,6 @@ from .tl_formats import (
     K_FP16_SR,
     K_NONE,
     K_NVFP4,
-    decode_tile,
     load_state,
     matrix_amax,
     store_state,
@@ -225,7 +224,7 @@ def _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, val
 
 @triton.jit
 def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g, ring_b,
-                v_row, out_row, rbase, h, hk, mat, v0, n, q, k, g, beta, seed, t,
+                ring_kk, v_row, out_row, rbase, h, hk, mat, v0, n, q, k, g, beta, seed, t,
                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 BVF: tl.constexpr, FB: tl.constexpr, RP: tl.constexpr, LOG2RP: tl.constexpr,
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
@@ -233,12 +232,18 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
-    copy (F_FMT) and the fp32 state to ``fresh`` (FRESH).  SR step ``t``."""
+    copy (F_FMT) and the fp32 state to ``fresh`` (FRESH).  SR step ``t``.
+
+    The products ``k_i . k_j`` (j < i) come from ``ring_kk`` (row i written with entry
+    i); this step's row is computed here."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
     br = tl.load(ring_b + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
+    KK = tl.load(ring_kk + (rbase * HK + hk) * RP + offs_r[:, None] * (HK * RP) + offs_r[None, :],
+                 mask=valid[:, None], other=0.0)
     if STEP:
+        KK = tl.where(offs_r[:, None] == n, tl.sum(Kr * k[None, :], axis=1)[None, :], KK)
         Kr = tl.where(offs_r[:, None] == n, k[None, :], Kr)
         gr = tl.where(offs_r == n, g, gr)
         br = tl.where(offs_r == n, beta, br)
@@ -247,7 +252,6 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
         ent = valid
     cum = tl.cumsum(gr, axis=0)
     c_last = tl.sum(gr, axis=0)
-    KK = tl.dot(Kr, tl.trans(Kr), input_precision=DOT)  # k_i . k_j
     lower = (offs_r[None, :] < offs_r[:, None]) & ent[:, None]
     dec = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0))
     Tm = inv_unit_lower(tl.where(lower, br[:, None] * dec * KK, 0.0), RP, LOG2RP)
@@ -339,81 +343,111 @@ def _conventional_kernel(
 def _replay_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, skip, out,
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_d, ring_g, ring_b, tickets, fresh, seed,
+    ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets, fresh, seed,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    FB: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    LOG2RP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
-    FUSED: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
+    TPP: tl.constexpr, NS: tl.constexpr, FB: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
+    RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
+    RING: tl.constexpr, FUSED: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
 ):
-    """One decode step of a plain replay cache.  Each program: an output step of its
-    BV rows from the read copy (the checkpoint in a shared design: F_FMT = K_NONE) and
-    the ring, appending this step at the ring position; or, at the window's last
-    position, a flush -- its own rows (FUSED) or nothing (split launch: the flush
-    launch before it did it and set ``skip`` for the row, so this program loads
-    nothing and only advances the clock)."""
-    pid_v = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    bidx = pid_bh // HV
-    h = pid_bh % HV
-    hk = h // (HV // HK)
+    """One decode step of a plain replay cache.  Grid ``(HV * (V // BV) // TPP, B)``:
+    program p of batch row b streams TPP consecutive tiles (BV rows of one v-head;
+    all in one k-head group) of the stored copy (the read copy, or the checkpoint in a
+    shared design: F_FMT = K_NONE) through a ``num_stages = NS`` software pipeline.
+    Per program: q, k and the k-head's ring products ``k_i . k``, ``k_i . q`` once;
+    per tile: the output rows and the ring appends.  At the window's last position a
+    slot flushes instead: its programs' own tiles (FUSED), or nothing (split launch:
+    the flush launch before did it and set ``skip`` for the row, so this program loads
+    nothing).  The clock: read at the start (L2), advanced by one fire-and-forget
+    atomic at the end, after a barrier (every warp has read it by then)."""
+    pid = tl.program_id(0)
+    bidx = tl.program_id(1)
+    NVB: tl.constexpr = V // BV
+    GRP: tl.constexpr = HV // HK
+    tau0 = pid * TPP
+    hk = tau0 // (GRP * NVB)
     slot = tl.load(state_idx + bidx)
     if FUSED:
         live = True
     else:
         live = tl.load(skip + bidx) == 0
     if slot >= 0:
-        offs_v = pid_v * BV + tl.arange(0, BV)
-        mat = slot.to(tl.int64) * HV + h
-        mrow = (offs_v < V) & live
-        # 1. everything that needs only the slot: the stored tile, the raw inputs
-        if F_FMT != K_NONE:
-            codes, sc, s2v = load_tile(f_data, f_s1, f_s2, mat, offs_v, mrow, V, K, F_FMT)
-        else:
-            codes, sc, s2v = load_tile(c_data, c_s1, c_s2, mat, offs_v, mrow, V, K, C_FMT)
-        q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, bidx,
-                                        h, hk, offs_v, HK, HV, K, V, RING)
-        # 2. the clock (one relaxed atomic per program; its value is broadcast)
-        clock = tl.atomic_add(tickets + slot, 1, sem="relaxed")
-        t = clock // (HV * (V // BV))
+        clock = tl.load(tickets + slot, cache_modifier=".cg")
+        offs_k = tl.arange(0, K)
+        offs_r = tl.arange(0, RP)
+        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K,
+                                RING)
+        kqs = tl.sum(k * q, axis=0)
+        t = clock // (HV * NVB // TPP)
         n = t % L
-        is_flush = n == L - 1
-        # 3. the live ring entries
         rbase = slot.to(tl.int64) * R
-        valid = (tl.arange(0, RP) < n) & live
-        Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
-        Dr = _ring_rows(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
-        if F_FMT != K_NONE:
-            o, d = _output_terms(codes, sc, s2v, Kr, Dr, gr, valid, q, k, v, g, beta, K, BV,
-                                 F_FMT)
-        else:
-            o, d = _output_terms(codes, sc, s2v, Kr, Dr, gr, valid, q, k, v, g, beta, K, BV,
-                                 C_FMT)
-        out_row = out + (bidx * HV + h) * V
-        if is_flush:
-            if FUSED:
-                _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v,
-                            ring_g, ring_b, v_ptr + (bidx * HV + h) * V, out_row, rbase, h, hk,
-                            mat, pid_v * BV, n, q, k, g, beta, seed, t, HK, HV, K, V, BV, FB,
-                            RP, LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT)
-        else:
-            tl.store(out_row + offs_v, o)
-            pos = rbase + n
-            ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), offs_v < V,
-                       RING)
-            ring_store(ring_v + (pos * HV + h) * V + offs_v, v, offs_v < V, RING)
-            if pid_v == 0:
-                if h % (HV // HK) == 0:
-                    offs_k = tl.arange(0, K)
-                    ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
-                tl.store(ring_g + pos * HV + h, g)
-                tl.store(ring_b + pos * HV + h, beta)
+        valid = (offs_r < n) & live
+        Kr = ring_load(ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K)
+                       + offs_k[None, :], valid[:, None], RING)
+        kk = tl.sum(Kr * k[None, :], axis=1)
+        kq = tl.sum(Kr * q[None, :], axis=1)
+        for i in tl.range(0, TPP, num_stages=NS):
+            tau = tau0 + i
+            h = tau // NVB
+            vb = tau % NVB
+            offs_v = vb * BV + tl.arange(0, BV)
+            mat = slot.to(tl.int64) * HV + h
+            mrow = (offs_v < V) & live
+            if F_FMT != K_NONE:
+                codes, sc, s2v = load_tile(f_data, f_s1, f_s2, mat, offs_v, mrow, V, K, F_FMT)
+            else:
+                codes, sc, s2v = load_tile(c_data, c_s1, c_s2, mat, offs_v, mrow, V, K, C_FMT)
+            v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
+            g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
+            gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
+            Dr = _ring_rows(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
+            if F_FMT != K_NONE:
+                Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, F_FMT)
+            else:
+                Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, C_FMT)
+            cum = tl.cumsum(gr, axis=0)
+            Gs = tl.sum(gr, axis=0)
+            w = tl.where(valid, tl.exp(Gs - cum), 0.0)
+            eG = tl.exp(Gs)
+            Sk = eG * Sk0 + tl.sum(Dr * (w * kk)[None, :], axis=1)
+            Sq = eG * Sq0 + tl.sum(Dr * (w * kq)[None, :], axis=1)
+            alpha = tl.exp(g)
+            d = beta * (v - alpha * Sk)
+            o = alpha * Sq + d * kqs
+            if n != L - 1:
+                tl.store(out + (bidx * HV + h) * V + offs_v, o)
+                pos = rbase + n
+                ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING),
+                           offs_v < V, RING)
+                ring_store(ring_v + (pos * HV + h) * V + offs_v, v, offs_v < V, RING)
+                if vb == 0:
+                    tl.store(ring_g + pos * HV + h, g)
+                    tl.store(ring_b + pos * HV + h, beta)
+                    if h % GRP == 0:
+                        ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
+                        tl.store(ring_kk + (pos * HK + hk) * RP + offs_r,
+                                 tl.where(valid, kk, 0.0))
+        if FUSED:
+            if n == L - 1:
+                for i in range(0, TPP):
+                    tau = tau0 + i
+                    h = tau // NVB
+                    g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log,
+                                     dt_bias, h)
+                    _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v,
+                                ring_g, ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
+                                out + (bidx * HV + h) * V, rbase, h, hk,
+                                slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g, beta,
+                                seed, t, HK, HV, K, V, BV, FB, RP, LOG2RP, C_FMT, F_FMT, RING,
+                                True, FRESH, DOT)
+        tl.debug_barrier()  # every warp has read the clock: now advance it
+        tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
 def _flush_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, accepted, skip, out,
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_g, ring_b, ring_len, steps, tickets, fresh, seed, B,
+    ring_k, ring_v, ring_g, ring_b, ring_kk, ring_len, steps, tickets, fresh, seed, B,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BVF: tl.constexpr,
     FB: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     LOG2RP: tl.constexpr, BP: tl.constexpr, PCLK: tl.constexpr,
@@ -460,7 +494,7 @@ def _flush_kernel(
         if COMMIT:
             n_acc = tl.load(accepted + bidx)
             _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
-                        ring_b, v_ptr, out, rbase, h, hk, mat, part * BVF,
+                        ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF,
                         tl.load(ring_len + slot) + n_acc, 0.0, 0.0, 0.0, 0.0, seed,
                         tl.load(steps + slot) + n_acc - 1, HK, HV, K, V, BVF, FB, RP, LOG2RP,
                         C_FMT, F_FMT, RING, False, FRESH, DOT)
@@ -470,9 +504,10 @@ def _flush_kernel(
             g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
             t = tl.load(tickets + slot) // PCLK
             _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
-                        ring_b, v_ptr + (bidx * HV + h) * V, out + (bidx * HV + h) * V, rbase,
-                        h, hk, mat, part * BVF, t % L, q, k, g, beta, seed, t, HK, HV, K, V,
-                        BVF, FB, RP, LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT)
+                        ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
+                        out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, t % L, q, k,
+                        g, beta, seed, t, HK, HV, K, V, BVF, FB, RP, LOG2RP, C_FMT, F_FMT, RING,
+                        True, FRESH, DOT)
         u += G
 
 
@@ -493,15 +528,17 @@ def _commit_counters(accepted, state_idx, ring_len, steps, B, L: tl.constexpr,
 @triton.jit
 def _verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out,
-    r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g, ring_b, ring_len,
-    T: tl.constexpr, TP: tl.constexpr,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
-    DOT: tl.constexpr,
+    r_data, r_s1, r_s2, ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, ring_len,
+    T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
+    RING: tl.constexpr, NS: tl.constexpr,
 ):
     """Outputs of T draft steps from the read copy + committed ring entries, one read
-    of the copy's block: ``S [k_1..k_T]`` and ``S [q_1..q_T]`` as two products; drafts
-    are written to the ring behind the commit pointer (no counter changes)."""
+    of the copy's block (kept packed in registers; each draft reduces it against its k
+    and q).  Draft j is an output step at ring position ``n + j`` whose earlier entries
+    include drafts 0..j-1: they join the program's ring tiles (k, the ring-rounded d,
+    the log-decay) in registers as they are computed, and are written to the ring
+    behind the commit pointer (no counter changes)."""
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
     bidx = pid_bh // HV
@@ -512,85 +549,45 @@ def _verify_kernel(
         offs_v = pid_v * BV + tl.arange(0, BV)
         offs_k = tl.arange(0, K)
         offs_r = tl.arange(0, RP)
-        offs_t = tl.arange(0, TP)
         mat = slot.to(tl.int64) * HV + h
         codes, sc, s2v = load_tile(r_data, r_s1, r_s2, mat, offs_v, offs_v < V, V, K, FMT)
-        # the T drafts' raw inputs as (TP, K) / (BV, TP) tiles (rows >= T zero)
-        mt = offs_t < T
-        rows = bidx * T + offs_t
-        Qr = tl.load(q_ptr + (rows[:, None] * HK + hk) * K + offs_k[None, :], mask=mt[:, None],
-                     other=0.0).to(tl.float32)
-        Kt = tl.load(k_ptr + (rows[:, None] * HK + hk) * K + offs_k[None, :], mask=mt[:, None],
-                     other=0.0).to(tl.float32)
-        Vt = tl.load(v_ptr + (rows[None, :] * HV + h) * V + offs_v[:, None], mask=mt[None, :],
-                     other=0.0).to(tl.float32)
-        a_t = tl.load(a_ptr + rows * HV + h, mask=mt, other=0.0).to(tl.float32)
-        b_t = tl.load(b_ptr + rows * HV + h, mask=mt, other=0.0).to(tl.float32)
-        A = tl.load(A_log + h).to(tl.float32)
-        dtb = tl.load(dt_bias + h).to(tl.float32)
         n = tl.load(ring_len + slot)
         rbase = slot.to(tl.int64) * R
-        valid = offs_r < n
-        Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
-        Dr = _ring_rows(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
-        # prepared drafts
-        XQ, XK = prep_qk_rows(Qr, Kt, K, RING)
-        Vt = ring_round(Vt, RING)
-        g_t = tl.where(mt, -tl.exp(A) * softplus(a_t + dtb), 0.0)
-        beta_t = tl.where(mt, 1.0 / (1.0 + tl.exp(-b_t)), 0.0)
-        # decays: ring entries cum_i; draft j sees A_in[j] before it, A_out[j] after it
-        cum = tl.cumsum(gr, axis=0)
-        Gr = tl.sum(gr, axis=0)
-        cg = tl.cumsum(g_t, axis=0)
-        A_in = Gr + cg - g_t
-        A_out = Gr + cg
-        # one read of the copy: its products with every draft's k and q
-        S = decode_tile(codes, sc, s2v, FMT, BV, K)
-        SK = tl.dot(S, tl.trans(XK), input_precision=DOT)  # (BV, TP)
-        SQ = tl.dot(S, tl.trans(XQ), input_precision=DOT)
-        # ring terms: sum_i e^{A_in_j - cum_i} (k_i . x_j) d_i
-        e_ri = tl.where(valid[:, None], tl.exp(tl.minimum(A_in[None, :] - cum[:, None], 0.0)), 0.0)
-        WK = e_ri * tl.dot(Kr, tl.trans(XK), input_precision=DOT)  # (RP, TP)
-        WQ = e_ri * tl.dot(Kr, tl.trans(XQ), input_precision=DOT)
-        eA = tl.exp(A_in)
-        base_k = eA[None, :] * SK + tl.dot(Dr, WK, input_precision="ieee")
-        base_q = eA[None, :] * SQ + tl.dot(Dr, WQ, input_precision="ieee")
-        # drafts among themselves: [a, b] = k_a . k_b and k_a . q_b
-        KKd = tl.dot(XK, tl.trans(XK), input_precision=DOT)
-        KQd = tl.dot(XK, tl.trans(XQ), input_precision=DOT)
-        Dd = tl.zeros((BV, TP), dtype=tl.float32)
-        O = tl.zeros((BV, TP), dtype=tl.float32)
-        for j in range(0, T):
-            selr = offs_t[None, :] == j
-            sel = offs_t == j
-            bk = tl.sum(tl.where(selr, base_k, 0.0), axis=1)
-            bq = tl.sum(tl.where(selr, base_q, 0.0), axis=1)
-            vj = tl.sum(tl.where(selr, Vt, 0.0), axis=1)
-            ckk = tl.sum(tl.where(selr, KKd, 0.0), axis=1)  # k_a . k_j over drafts a
-            ckq = tl.sum(tl.where(selr, KQd, 0.0), axis=1)  # k_a . q_j
-            a_in = tl.sum(tl.where(sel, A_in, 0.0), axis=0)
-            gj = tl.sum(tl.where(sel, g_t, 0.0), axis=0)
-            bj = tl.sum(tl.where(sel, beta_t, 0.0), axis=0)
-            kqj = tl.sum(tl.where(sel, ckq, 0.0), axis=0)
-            wj = tl.where(offs_t < j, tl.exp(tl.minimum(a_in - A_out, 0.0)), 0.0)
-            Sk = bk + tl.sum(Dd * (wj * ckk)[None, :], axis=1)
-            Sq = bq + tl.sum(Dd * (wj * ckq)[None, :], axis=1)
-            alpha = tl.exp(gj)
-            d = bj * (vj - alpha * Sk)
-            O = tl.where(selr, (alpha * Sq + d * kqj)[:, None], O)
-            Dd = tl.where(selr, ring_round(d, RING)[:, None], Dd)
-        # outputs and ring appends at n + j, all drafts at once
-        mo = mt[None, :] & (offs_v[:, None] < V)
-        tl.store(out + (rows[None, :] * HV + h) * V + offs_v[:, None], O, mask=mo)
-        pos = rbase + n + offs_t
-        ring_store(ring_d + (pos[None, :] * HV + h) * V + offs_v[:, None], Dd, mo, RING)
-        ring_store(ring_v + (pos[None, :] * HV + h) * V + offs_v[:, None], Vt, mo, RING)
-        if pid_v == 0:
-            if h % (HV // HK) == 0:
-                ring_store(ring_k + (pos[:, None] * HK + hk) * K + offs_k[None, :], XK,
-                           mt[:, None], RING)
-            tl.store(ring_g + pos * HV + h, g_t, mask=mt)
-            tl.store(ring_b + pos * HV + h, beta_t, mask=mt)
+        Kall, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, offs_r < n, HK, HV, K, RP, RING)
+        Dall = _ring_rows(ring_d, rbase, h, offs_v, offs_r < n, HV, V, RP, RING)
+        cum = tl.cumsum(gr, axis=0)  # log-decay through each entry (drafts added below)
+        A_in = tl.sum(gr, axis=0)  # log-decay before the current draft
+        for j in tl.range(0, T, num_stages=NS):
+            m = n + j
+            valid = offs_r < m
+            row = bidx * T + j
+            q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias,
+                                            row, h, hk, offs_v, HK, HV, K, V, RING)
+            Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
+            kk = tl.sum(Kall * k[None, :], axis=1)
+            kq = tl.sum(Kall * q[None, :], axis=1)
+            w = tl.where(valid, tl.exp(A_in - cum), 0.0)
+            eA = tl.exp(A_in)
+            Sk = eA * Sk0 + tl.sum(Dall * (w * kk)[None, :], axis=1)
+            Sq = eA * Sq0 + tl.sum(Dall * (w * kq)[None, :], axis=1)
+            alpha = tl.exp(g)
+            d = beta * (v - alpha * Sk)
+            o = alpha * Sq + d * tl.sum(k * q, axis=0)
+            dr = ring_round(d, RING)
+            tl.store(out + (row * HV + h) * V + offs_v, o)
+            pos = rbase + m
+            ring_store(ring_d + (pos * HV + h) * V + offs_v, dr, offs_v < V, RING)
+            ring_store(ring_v + (pos * HV + h) * V + offs_v, v, offs_v < V, RING)
+            if pid_v == 0:
+                tl.store(ring_g + pos * HV + h, g)
+                tl.store(ring_b + pos * HV + h, beta)
+                if h % (HV // HK) == 0:
+                    ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
+                    tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0))
+            Kall = tl.where(offs_r[:, None] == m, k[None, :], Kall)
+            Dall = tl.where(offs_r[None, :] == m, dr[:, None], Dall)
+            A_in = A_in + g
+            cum = tl.where(offs_r == m, A_in, cum)
 
 
 # ------------------------------------------------------------------------- host
@@ -613,23 +610,38 @@ def _pow2(name: str, x: int, lo: int = 16) -> int:
 
 
 def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool = False,
-                   kernel: str = "replay", fmt: str = "fp32") -> tuple[int, int]:
-    """``(BV, num_warps)``: rows of V per program and warps, by batch size and the
-    format the program streams (~8-16 KB of stored state per program at large batch).
+                   kernel: str = "conventional") -> tuple[int, int]:
+    """``(BV, num_warps)`` of the conventional kernel: rows of V per program and warps.
+    ``whole_matrix`` (an nvfp4 state) forces BV = V: its matrix scale needs the whole
+    (V, K) matrix in one program."""
+    bv = V if whole_matrix else min(V, 32 if batch * v_heads >= 1024 else 16)
+    return bv, triton.next_power_of_2(max(1, min(16, bv * K // 1024)))
 
-    ``whole_matrix`` (an nvfp4 copy is written by the same program) forces BV = V:
-    its matrix scale needs the whole (V, K) matrix in one program.
-    """
-    if kernel == "conventional":
-        bv = V if whole_matrix else min(V, 32 if batch * v_heads >= 1024 else 16)
-        return bv, triton.next_power_of_2(max(1, min(16, bv * K // 1024)))
-    if whole_matrix:
-        return V, 4 if batch * v_heads >= 1024 else 8
+
+_OUT_BV = {"fp32": 32, "fp8-e4m3": 64, "nvfp4": 64, "mxfp4": 64}
+
+
+def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, checkpoint: str,
+                    read: str | None) -> dict:
+    """Launch configuration of a replay cache by batch size and formats (keywords of
+    :class:`GDNReplayCache`).  Small batches: one fused launch of 16-row programs.
+    Large batches (batch * v_heads >= 1024): a persistent flush launch (32-row units,
+    whole matrices for nvfp4) and an output launch whose programs stream a whole
+    k-head group (~8-16 KB tiles, 3-stage pipeline)."""
+    whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
-        return min(V, 16), 2
-    per_row = {"fp32": 4.0, "fp8-e4m3": 1.0, "nvfp4": 0.5625, "mxfp4": 0.53}.get(fmt, 2.0) * K
-    bv = min(V, max(16, triton.next_power_of_2(int(16384 // per_row))))
-    return bv, 4
+        bv = V if whole else min(V, 16)
+        return dict(launch="fused", block_v=bv, num_warps=4 if whole else 2,
+                    tiles_per_program=1, stages=1, flush_chunk=min(bv, 32 if whole else 16),
+                    out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
+                    out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
+                    verify_stages=1)
+    obv = min(V, _OUT_BV.get(read or checkpoint, 64))
+    return dict(launch="split", block_v=V if whole else min(V, 32), num_warps=4,
+                tiles_per_program=1, stages=1, flush_chunk=32 if whole else 16,
+                out_block_v=obv, out_num_warps=4,
+                out_tiles_per_program=(v_heads // k_heads) * (V // obv), out_stages=3,
+                verify_block_v=min(V, 32), verify_num_warps=4, verify_stages=2)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -694,7 +706,7 @@ def conventional_step(
     _check_shapes(q, v, K, V)
     if state.fmt_id in (FMT_BF16_SR, FMT_FP16_SR) and counters is None:
         raise ValueError("stochastic rounding needs the per-slot step counters")
-    bv, nw = default_config(B, HV, V, K, state.fmt == "nvfp4", kernel="conventional")
+    bv, nw = default_config(B, HV, V, K, state.fmt == "nvfp4")
     bv, nw = block_v or bv, num_warps or nw
     if V % bv:
         raise ValueError(f"block_v {bv} does not divide V = {V}")
@@ -718,17 +730,18 @@ class GDNReplayCache:
     speculative drafts verified at once (a speculative cache: :meth:`verify` and
     :meth:`commit` instead of :meth:`step`; the ring holds L - 1 + drafts entries).
 
-    Launch configuration (defaults by ``batch_hint`` and formats):
+    Launch configuration (defaults: :func:`replay_defaults` for ``batch_hint``):
 
-    * ``launch``: ``"fused"`` (one launch per step; ``block_v`` rows and ``num_warps``
-      per program for the output path and its flush) or ``"split"`` (a persistent
-      flush launch over units of ``block_v`` rows with ``num_warps``, then an output
-      launch of ``out_block_v`` rows, ``out_num_warps``).
+    * ``launch``: ``"fused"`` (one launch per step: programs of ``block_v``-row tiles,
+      ``tiles_per_program`` of them in a ``stages``-deep pipeline, ``num_warps``; a
+      flushing slot's programs flush their own tiles) or ``"split"`` (a persistent
+      flush launch over units of ``block_v`` rows with ``num_warps`` and
+      ``flush_ctas_per_sm`` programs per SM, then the output launch: ``out_block_v``,
+      ``out_tiles_per_program``, ``out_stages``, ``out_num_warps``).  Tiles per program
+      must lie in one k-head group (divide ``v_heads // k_heads * V // block``).
     * ``flush_chunk``: rows a flush folds at once (FB; at least 16).
-    * ``dot_precision``: ``"tf32x3"`` or ``"ieee"`` for the flush's and verify's large
-      products (K-long dot products, the rank-L fold).
-    * ``verify_block_v`` / ``verify_num_warps``: the verify kernel.
-    * ``flush_ctas_per_sm``: programs per SM of the persistent flush launch.
+    * ``dot_precision``: ``"tf32x3"`` or ``"ieee"`` for the flush's large products.
+    * ``verify_block_v`` / ``verify_num_warps`` / ``verify_stages``: the verify kernel.
 
     An nvfp4 copy is written whole-matrix: the flushing program (fused) or unit
     (split) owns all V rows, so ``block_v`` must be V there.
@@ -739,11 +752,14 @@ class GDNReplayCache:
         checkpoint: str = "fp32", read: str | None = None,
         ring_dtype: torch.dtype = torch.bfloat16, drafts: int = 0, seed: int = 0,
         device: torch.device | str = "cuda", batch_hint: int | None = None,
-        block_v: int | None = None, num_warps: int | None = None, launch: str | None = None,
+        launch: str | None = None, block_v: int | None = None, num_warps: int | None = None,
+        tiles_per_program: int | None = None, stages: int | None = None,
         out_block_v: int | None = None, out_num_warps: int | None = None,
+        out_tiles_per_program: int | None = None, out_stages: int | None = None,
         verify_block_v: int | None = None, verify_num_warps: int | None = None,
-        flush_chunk: int | None = None, dot_precision: str = "tf32x3",
-        flush_ctas_per_sm: int | None = None, keep_fresh: bool = False,
+        verify_stages: int | None = None, flush_chunk: int | None = None,
+        dot_precision: str = "tf32x3", flush_ctas_per_sm: int | None = None,
+        keep_fresh: bool = False,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -762,25 +778,36 @@ class GDNReplayCache:
         shape = (slots, v_heads, V, K)
         self.ckpt = empty_store(checkpoint, shape, device)
         self.read = empty_store(read, shape, device) if read is not None else None
-        batch = batch_hint or slots
-        large = batch * v_heads >= 1024
-        self.launch = launch or "fused"
+        cfg = replay_defaults(batch_hint or slots, k_heads, v_heads, V, K, checkpoint, read)
+        given = dict(launch=launch, block_v=block_v, num_warps=num_warps,
+                     tiles_per_program=tiles_per_program, stages=stages,
+                     flush_chunk=flush_chunk, out_block_v=out_block_v,
+                     out_num_warps=out_num_warps, out_tiles_per_program=out_tiles_per_program,
+                     out_stages=out_stages, verify_block_v=verify_block_v,
+                     verify_num_warps=verify_num_warps, verify_stages=verify_stages)
+        if out_block_v is not None and out_tiles_per_program is None:
+            cfg["out_tiles_per_program"] = 1
+        if block_v is not None:
+            if tiles_per_program is None:
+                cfg["tiles_per_program"] = 1
+            if flush_chunk is None:
+                cfg["flush_chunk"] = min(block_v, cfg["flush_chunk"])
+        cfg.update({k: v for k, v in given.items() if v is not None})
+        self.config = cfg
+        """The launch configuration in use (keywords of this class)."""
+        self.launch = cfg["launch"]
         if self.launch not in ("fused", "split"):
-            raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
+            raise ValueError(f"launch must be 'fused' or 'split', got {self.launch!r}")
+        self.BV, self.num_warps = cfg["block_v"], cfg["num_warps"]
+        self.TPP, self.stages = cfg["tiles_per_program"], cfg["stages"]
+        self.out_BV, self.out_num_warps = cfg["out_block_v"], cfg["out_num_warps"]
+        self.out_TPP, self.out_stages = cfg["out_tiles_per_program"], cfg["out_stages"]
+        self.verify_BV, self.verify_num_warps = cfg["verify_block_v"], cfg["verify_num_warps"]
+        self.verify_stages = cfg["verify_stages"]
+        self.FB = cfg["flush_chunk"]
         whole = "nvfp4" in (checkpoint, read)
-        rfmt = read or checkpoint
-        if self.launch == "fused":
-            bv, nw = default_config(batch, v_heads, V, K, whole, fmt=rfmt)
-        else:
-            bv, nw = (V, 4) if whole else (min(V, 32 if large else 16), 4 if large else 2)
-        self.BV, self.num_warps = block_v or bv, num_warps or nw
         if whole and self.BV != V:
             raise ValueError("an nvfp4 copy needs block_v == V")
-        obv, onw = default_config(batch, v_heads, V, K, False, fmt=rfmt)
-        self.out_BV, self.out_num_warps = out_block_v or obv, out_num_warps or onw
-        self.FB = flush_chunk or min(self.BV, 32 if whole else 16)
-        self.verify_BV = verify_block_v or min(V, 32 if large else 16)
-        self.verify_num_warps = verify_num_warps or (4 if large else 2)
         for name, bv_ in (("block_v", self.BV), ("out_block_v", self.out_BV),
                           ("verify_block_v", self.verify_BV), ("flush_chunk", self.FB)):
             _pow2(name, bv_)
@@ -788,18 +815,28 @@ class GDNReplayCache:
                 raise ValueError(f"{name} {bv_} does not divide V = {V}")
         if self.BV % self.FB:
             raise ValueError(f"flush_chunk {self.FB} does not divide block_v {self.BV}")
+        group = v_heads // k_heads
+        for name, tpp, bv_ in (("tiles_per_program", self.TPP, self.BV),
+                               ("out_tiles_per_program", self.out_TPP, self.out_BV)):
+            if tpp < 1 or (group * (V // bv_)) % tpp:
+                raise ValueError(f"{name} {tpp} must divide the {group * (V // bv_)} tiles of "
+                                 "a k-head group")
         R, rdt = self.R, _RING_STORAGE[ring_dtype]
         self.ring_k = torch.zeros((slots, R, k_heads, K), dtype=rdt, device=device)
         self.ring_v = torch.zeros((slots, R, v_heads, V), dtype=rdt, device=device)
         self.ring_d = torch.zeros((slots, R, v_heads, V), dtype=rdt, device=device)
         self.ring_g = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
         self.ring_beta = torch.zeros((slots, R, v_heads), dtype=torch.float32, device=device)
+        self.ring_kk = torch.zeros((slots, R, k_heads, self.RP), dtype=torch.float32,
+                                   device=device)
+        """Row i: ``k_j . k_i`` for the entries j < i (written with entry i; the flush's
+        triangular system)."""
         self.counters = SlotCounters(slots, device)
         dev = torch.device(device)
         self.n_sm = (torch.cuda.get_device_properties(dev).multi_processor_count
                      if dev.type == "cuda" else 2)
-        self.flush_ctas_per_sm = flush_ctas_per_sm or 8
-        self._skip = torch.zeros(max(slots, batch), dtype=torch.int32, device=device)
+        self.flush_ctas_per_sm = flush_ctas_per_sm or 4
+        self._skip = torch.zeros(max(slots, batch_hint or 0), dtype=torch.int32, device=device)
         self.fresh = (torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh
                       else None)
         """fp32 state of each slot's last flush (``keep_fresh=True``), for inspection."""
@@ -807,8 +844,9 @@ class GDNReplayCache:
     @property
     def programs_per_slot(self) -> int:
         """Programs per slot of the launch that advances the clock."""
-        bv = self.BV if self.launch == "fused" else self.out_BV
-        return self.HV * (self.V // bv)
+        if self.launch == "fused":
+            return self.HV * (self.V // self.BV) // self.TPP
+        return self.HV * (self.V // self.out_BV) // self.out_TPP
 
     @property
     def steps(self) -> torch.Tensor:
@@ -871,13 +909,16 @@ class GDNReplayCache:
         if not fused:
             self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices, out,
                         commit=False)
-        bv, nw = (self.BV, self.num_warps) if fused else (self.out_BV, self.out_num_warps)
-        _replay_kernel[(self.V // bv, B * self.HV)](
+        if fused:
+            bv, nw, tpp, ns = self.BV, self.num_warps, self.TPP, self.stages
+        else:
+            bv, nw, tpp, ns = self.out_BV, self.out_num_warps, self.out_TPP, self.out_stages
+        _replay_kernel[(self.HV * (self.V // bv) // tpp, B)](
             q, k, v, a, b, A_log, dt_bias, state_indices, skip, out, *c.kernel_args(), *fargs,
-            self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
-            self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, min(self.FB, bv),
-            self.L, self.R, self.RP, self.LOG2RP, c.fmt_id, f_id, self.ring_id, fused,
-            self.fresh is not None, self.dot, num_warps=nw,
+            self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
+            self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
+            min(self.FB, bv), self.L, self.R, self.RP, self.LOG2RP, c.fmt_id, f_id,
+            self.ring_id, fused, self.fresh is not None, self.dot, num_warps=nw,
         )
         return out
 
@@ -891,7 +932,7 @@ class GDNReplayCache:
         _flush_kernel[grid](
             q, k, v, a, b, A_log, dt_bias, state_indices, accepted, self._skip_flags(B), out,
             *c.kernel_args(), *fargs, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
-            self.counters.ring_len, self.counters.steps, self.counters.tickets,
+            self.ring_kk, self.counters.ring_len, self.counters.steps, self.counters.tickets,
             self.fresh if self.fresh is not None else self.ring_g, as_int32(self.seed), B,
             self.HK, self.HV, self.K, self.V, self.BV, self.FB, self.L, self.R, self.RP,
             self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
@@ -911,9 +952,9 @@ class GDNReplayCache:
         _verify_kernel[(self.V // self.verify_BV, B * self.HV)](
             q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
             A_log, dt_bias, state_indices, out, *r.kernel_args(),
-            self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
-            self.counters.ring_len, T, _pow2_at_least(T, 16), self.HK, self.HV, self.K, self.V,
-            self.verify_BV, self.R, self.RP, r.fmt_id, self.ring_id, self.dot,
+            self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
+            self.counters.ring_len, T, self.HK, self.HV, self.K, self.V, self.verify_BV, self.R,
+            self.RP, r.fmt_id, self.ring_id, self.verify_stages,
             num_warps=self.verify_num_warps,
         )
         return out
@@ -933,6 +974,7 @@ class GDNReplayCache:
     def nbytes(self) -> dict[str, int]:
         """Bytes of the checkpoint, read copy and ring."""
         ring = sum(t.numel() * t.element_size() for t in
-                   (self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta))
+                   (self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta,
+                    self.ring_kk))
         return {"checkpoint": self.ckpt.nbytes(),
                 "read": self.read.nbytes() if self.read is not None else 0, "ring": ring}

@@ -87,7 +87,9 @@ def _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_h, HP, offs_r, n_ring, l
     if CUR:
         ex = tl.where((offs_r == c_cur)[:, None], ring_round(x_cur, RING)[None, :], ex)
     upd = tl.dot(tl.trans(ex * w[:, None]), eB, input_precision="tf32x3")
-    return tl.where(m[:, None], tl.exp(last) * S + upd, 0.0)
+    # an explicit fma: the nvfp4 amax pass and the encode pass must get the same bits
+    decay = tl.zeros([FB, N], tl.float32) + tl.exp(last)
+    return tl.where(m[:, None], tl.fma(S, decay, upd), 0.0)
 
 
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd"])

@@ -61,7 +61,7 @@ def mamba2_verify(
     if out is None:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     launch_replay(MODE_VERIFY, cache, x, dt, B, C, params, z=z, out=out, state_indices=idx,
-                  T=T, dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps)
+                  T=T, dt_softplus=dt_softplus, block_p=block_p or 16, num_warps=num_warps)
     return out
 
 

@@ -192,21 +192,20 @@ def slot_indices(batch: int, device: torch.device) -> torch.Tensor:
 
 def pick_block_p(headdim: int, dstate: int, fmt_ids: tuple[int, ...],
                  block_p: int | None = None, minimum: int = 16) -> int:
-    """Rows per output tile: ``block_p``, else ~8 KB of stored state per tile
-    (fp32: 16 rows, fp8: 64), at least ``minimum`` and at most the padded headdim."""
+    """Rows per output tile: ``block_p``, else the H200-tuned default (32 rows for
+    fp32 / 16-bit / fp8 read copies, 64 for 4-bit), at least ``minimum`` and at most
+    the padded headdim."""
     whole = triton.next_power_of_2(headdim)
-    if block_p is not None:
-        return max(minimum, min(block_p, whole))
-    nbytes = min(_BYTES_BY_ID[f] for f in fmt_ids)
-    rows = triton.next_power_of_2(max(1, int(8192 // (dstate * nbytes))))
-    return max(minimum, min(rows, whole))
+    if block_p is None:
+        block_p = 64 if min(_BYTES_BY_ID[f] for f in fmt_ids) < 1 else 32
+    return max(minimum, min(block_p, whole))
 
 
 def pick_warps(block_p: int, dstate: int, num_warps: int | None = None) -> int:
-    """Warps per program: ~16 state elements per thread (4 to 16 warps)."""
+    """Warps per program: 4 up to 32-row tiles, 8 above (the H200-tuned choice)."""
     if num_warps is not None:
         return num_warps
-    return max(4, min(16, block_p * dstate // 512))
+    return 4 if block_p * dstate <= 4096 else 8
 
 
 def _strides(t: torch.Tensor | None, token_dim: bool) -> tuple[int, int]:
@@ -369,7 +368,7 @@ def mamba2_conventional_step(
     count = fid in (FMT_BF16_SR, FMT_FP16_SR)
     if count and steps is None:
         raise ValueError("stochastic-rounding conventional steps need a `steps` counter tensor")
-    bp = pick_block_p(P, N, (fid,), block_p, minimum=1)
+    bp = pick_block_p(P, N, (fid,), block_p or 16, minimum=1)
     counter = steps if steps is not None else idx
     mamba2_conv_kernel[(H * triton.cdiv(P, bp), x.shape[0])](
         *state.kernel_args(), counter, _tickets_for(counter), idx,
