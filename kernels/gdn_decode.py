@@ -89,7 +89,7 @@ from .tl_formats import (
 RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
                  torch.float16: torch.int16}
-DOT_PRECISIONS = ("tf32x3", "ieee")
+DOT_PRECISIONS = ("tf32x2", "tf32x3", "ieee")
 
 
 # ---------------------------------------------------------------- device helpers
@@ -216,17 +216,32 @@ def _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, val
     if STEP:  # this step's entry, at ring position n
         vt = ring_round(tl.load(v_row + offs_v).to(tl.float32), RING)
         Vr = tl.where(tl.arange(0, RP)[None, :] == n, vt[:, None], Vr)
-    P = tl.dot(S, tl.trans(Kr), input_precision=DOT)  # S_c k_i, (FB, RP)
+    P = _dot_exact_b(S, tl.trans(Kr), DOT)  # S_c k_i, (FB, RP)
     rhs = br[None, :] * (Vr - ec[None, :] * P)
     D = tl.dot(rhs, tl.trans(Tm), input_precision="ieee")
-    return tl.dot(D * w[None, :], Kr, acc=e_last * S, input_precision=DOT)
+    return _dot_exact_b(D * w[None, :], Kr, DOT, e_last * S)
+
+
+@triton.jit
+def _dot_exact_b(a, b, DOT: tl.constexpr, acc=None):
+    """``a @ b`` to ~fp32 accuracy.  DOT "tf32x2": ``b`` must be exact in tf32 (a ring
+    in bf16 or fp16); ``a`` is split into its tf32 head (truncated bits) and the exact
+    remainder: two tensor-core passes.  Else ``tl.dot`` with that input precision."""
+    if DOT == "tf32x2":
+        a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        r = tl.dot(a - a_hi, b, acc=acc, input_precision="tf32")
+        r = tl.dot(a_hi, b, acc=r, input_precision="tf32")
+    else:
+        r = tl.dot(a, b, acc=acc, input_precision=DOT)
+    return r
 
 
 @triton.jit
 def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g, ring_b,
                 ring_kk, v_row, out_row, rbase, h, hk, mat, v0, n, q, k, g, beta, seed, t,
                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BVF: tl.constexpr, FB: tl.constexpr, RP: tl.constexpr, LOG2RP: tl.constexpr,
+                BVF: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr, RP: tl.constexpr,
+                LOG2RP: tl.constexpr,
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
                 STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
@@ -271,13 +286,13 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                     offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH)
     else:
         if AMAX:  # first pass: the matrix amax only (the second reads L2-hot data)
-            for c in range(NC):
+            for c in tl.range(0, NC, num_stages=FNS, disable_licm=True):
                 offs_v = v0 + c * FB + tl.arange(0, FB)
                 Sn = _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n,
                                  valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT,
                                  RING, STEP, DOT)
                 amax = tl.maximum(amax, matrix_amax(Sn))
-        for c in range(NC):
+        for c in tl.range(0, NC, num_stages=FNS, disable_licm=True):
             offs_v = v0 + c * FB + tl.arange(0, FB)
             Sn = _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, valid,
                              Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
@@ -345,7 +360,8 @@ def _replay_kernel(
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
     ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets, fresh, seed,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    TPP: tl.constexpr, NS: tl.constexpr, FB: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
+    TPP: tl.constexpr, NS: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr, L: tl.constexpr,
+    R: tl.constexpr,
     RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
     RING: tl.constexpr, FUSED: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -437,8 +453,8 @@ def _replay_kernel(
                                 ring_g, ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
                                 out + (bidx * HV + h) * V, rbase, h, hk,
                                 slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g, beta,
-                                seed, t, HK, HV, K, V, BV, FB, RP, LOG2RP, C_FMT, F_FMT, RING,
-                                True, FRESH, DOT)
+                                seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                                RING, True, FRESH, DOT)
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
@@ -449,7 +465,7 @@ def _flush_kernel(
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
     ring_k, ring_v, ring_g, ring_b, ring_kk, ring_len, steps, tickets, fresh, seed, B,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BVF: tl.constexpr,
-    FB: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    FB: tl.constexpr, FNS: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     LOG2RP: tl.constexpr, BP: tl.constexpr, PCLK: tl.constexpr,
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
     COMMIT: tl.constexpr, DOT: tl.constexpr,
@@ -496,8 +512,8 @@ def _flush_kernel(
             _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                         ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF,
                         tl.load(ring_len + slot) + n_acc, 0.0, 0.0, 0.0, 0.0, seed,
-                        tl.load(steps + slot) + n_acc - 1, HK, HV, K, V, BVF, FB, RP, LOG2RP,
-                        C_FMT, F_FMT, RING, False, FRESH, DOT)
+                        tl.load(steps + slot) + n_acc - 1, HK, HV, K, V, BVF, FB, FNS, RP,
+                        LOG2RP, C_FMT, F_FMT, RING, False, FRESH, DOT)
         else:
             q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                     K, RING)
@@ -506,8 +522,8 @@ def _flush_kernel(
             _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                         ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
                         out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, t % L, q, k,
-                        g, beta, seed, t, HK, HV, K, V, BVF, FB, RP, LOG2RP, C_FMT, F_FMT, RING,
-                        True, FRESH, DOT)
+                        g, beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                        RING, True, FRESH, DOT)
         u += G
 
 
@@ -625,20 +641,20 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     read: str | None) -> dict:
     """Launch configuration of a replay cache by batch size and formats (keywords of
     :class:`GDNReplayCache`).  Small batches: one fused launch of 16-row programs.
-    Large batches (batch * v_heads >= 1024): a persistent flush launch (32-row units,
-    whole matrices for nvfp4) and an output launch whose programs stream a whole
-    k-head group (~8-16 KB tiles, 3-stage pipeline)."""
+    Large batches (batch * v_heads >= 1024): a persistent flush launch (whole-head
+    units folded in 16-row chunks, 2-stage pipeline) and an output launch whose
+    programs stream a whole k-head group (~8-16 KB tiles, 3-stage pipeline)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
         return dict(launch="fused", block_v=bv, num_warps=4 if whole else 2,
-                    tiles_per_program=1, stages=1, flush_chunk=min(bv, 32 if whole else 16),
+                    tiles_per_program=1, stages=1, flush_chunk=min(bv, 16), flush_stages=1,
                     out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
                     verify_stages=1)
     obv = min(V, _OUT_BV.get(read or checkpoint, 64))
-    return dict(launch="split", block_v=V if whole else min(V, 32), num_warps=4,
-                tiles_per_program=1, stages=1, flush_chunk=32 if whole else 16,
+    return dict(launch="split", block_v=V, num_warps=4, tiles_per_program=1, stages=1,
+                flush_chunk=16, flush_stages=2,
                 out_block_v=obv, out_num_warps=4,
                 out_tiles_per_program=(v_heads // k_heads) * (V // obv), out_stages=3,
                 verify_block_v=min(V, 32), verify_num_warps=4, verify_stages=2)
@@ -740,7 +756,11 @@ class GDNReplayCache:
       ``out_tiles_per_program``, ``out_stages``, ``out_num_warps``).  Tiles per program
       must lie in one k-head group (divide ``v_heads // k_heads * V // block``).
     * ``flush_chunk``: rows a flush folds at once (FB; at least 16).
-    * ``dot_precision``: ``"tf32x3"`` or ``"ieee"`` for the flush's large products.
+    * ``flush_stages``: software-pipeline depth of a flush unit's chunk loop.
+    * ``dot_precision``: the flush's two large products (``S_c K^T``, the rank-L fold):
+      ``"tf32x2"`` (two tensor-core passes: the other operand, the ring's k, must be
+      exact in tf32 -- a bf16 or fp16 ring; with an fp32 ring it means ``"tf32x3"``),
+      ``"tf32x3"`` (three passes) or ``"ieee"`` (fp32 FMAs).  Default: ``"tf32x2"``.
     * ``verify_block_v`` / ``verify_num_warps`` / ``verify_stages``: the verify kernel.
 
     An nvfp4 copy is written whole-matrix: the flushing program (fused) or unit
@@ -758,7 +778,8 @@ class GDNReplayCache:
         out_tiles_per_program: int | None = None, out_stages: int | None = None,
         verify_block_v: int | None = None, verify_num_warps: int | None = None,
         verify_stages: int | None = None, flush_chunk: int | None = None,
-        dot_precision: str = "tf32x3", flush_ctas_per_sm: int | None = None,
+        flush_stages: int | None = None, dot_precision: str = "tf32x2",
+        flush_ctas_per_sm: int | None = None,
         keep_fresh: bool = False,
     ):
         if window < 1:
@@ -774,7 +795,8 @@ class GDNReplayCache:
         self.RP = _pow2_at_least(self.R, 16)
         self.LOG2RP = self.RP.bit_length() - 1
         self.ring_dtype, self.ring_id = ring_dtype, RING_IDS[ring_dtype]
-        self.dot = dot_precision
+        self.dot = ("tf32x3" if dot_precision == "tf32x2" and ring_dtype == torch.float32
+                    else dot_precision)
         shape = (slots, v_heads, V, K)
         self.ckpt = empty_store(checkpoint, shape, device)
         self.read = empty_store(read, shape, device) if read is not None else None
@@ -783,7 +805,8 @@ class GDNReplayCache:
                      tiles_per_program=tiles_per_program, stages=stages,
                      flush_chunk=flush_chunk, out_block_v=out_block_v,
                      out_num_warps=out_num_warps, out_tiles_per_program=out_tiles_per_program,
-                     out_stages=out_stages, verify_block_v=verify_block_v,
+                     out_stages=out_stages, flush_stages=flush_stages,
+                     verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
             cfg["out_tiles_per_program"] = 1
@@ -804,7 +827,7 @@ class GDNReplayCache:
         self.out_TPP, self.out_stages = cfg["out_tiles_per_program"], cfg["out_stages"]
         self.verify_BV, self.verify_num_warps = cfg["verify_block_v"], cfg["verify_num_warps"]
         self.verify_stages = cfg["verify_stages"]
-        self.FB = cfg["flush_chunk"]
+        self.FB, self.flush_stages = cfg["flush_chunk"], cfg["flush_stages"]
         whole = "nvfp4" in (checkpoint, read)
         if whole and self.BV != V:
             raise ValueError("an nvfp4 copy needs block_v == V")
@@ -917,8 +940,8 @@ class GDNReplayCache:
             q, k, v, a, b, A_log, dt_bias, state_indices, skip, out, *c.kernel_args(), *fargs,
             self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
             self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
-            min(self.FB, bv), self.L, self.R, self.RP, self.LOG2RP, c.fmt_id, f_id,
-            self.ring_id, fused, self.fresh is not None, self.dot, num_warps=nw,
+            min(self.FB, bv), self.flush_stages, self.L, self.R, self.RP, self.LOG2RP, c.fmt_id,
+            f_id, self.ring_id, fused, self.fresh is not None, self.dot, num_warps=nw,
         )
         return out
 
@@ -934,7 +957,8 @@ class GDNReplayCache:
             *c.kernel_args(), *fargs, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.ring_len, self.counters.steps, self.counters.tickets,
             self.fresh if self.fresh is not None else self.ring_g, as_int32(self.seed), B,
-            self.HK, self.HV, self.K, self.V, self.BV, self.FB, self.L, self.R, self.RP,
+            self.HK, self.HV, self.K, self.V, self.BV, self.FB, self.flush_stages, self.L, self.R,
+            self.RP,
             self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
             self.ring_id, self.fresh is not None, commit, self.dot, num_warps=self.num_warps,
         )

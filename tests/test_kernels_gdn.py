@@ -180,12 +180,16 @@ def test_replay_matches_torch_runner_and_formats(design) -> None:
 
 CONFIGS = [
     # the production window: 16 entries fill the (16, 16) triangular system; ieee
-    # products; two 16-row flush chunks per program
-    (shared("fp32", 16), dict(block_v=32, flush_chunk=16, dot_precision="ieee")),
+    # products; fused launch, each program streams a k-head group's 2 tiles (2-stage
+    # pipeline) and flushes them in 16-row chunks (2-stage pipeline)
+    (shared("fp32", 16), dict(block_v=32, flush_chunk=16, dot_precision="ieee",
+                              tiles_per_program=2, stages=2, flush_stages=2)),
     # 17 entries (a 32-entry system); nvfp4 copy: two passes over two chunks (amax first)
-    (split("fp16-sr", "nvfp4", 17), dict(flush_chunk=16)),
-    # split launch: persistent flush over 16-row units, output launch of 32-row blocks
-    (split("fp32", "fp8-e4m3", 5), dict(launch="split", block_v=16, out_block_v=32)),
+    (split("fp16-sr", "nvfp4", 17), dict(flush_chunk=16, flush_stages=2)),
+    # split launch: persistent flush over 16-row units; output programs stream the 4
+    # 16-row tiles of a k-head group (3-stage pipeline)
+    (split("fp32", "fp8-e4m3", 5), dict(launch="split", block_v=16, out_block_v=16,
+                                        out_tiles_per_program=4, out_stages=3)),
 ]
 
 
@@ -195,6 +199,17 @@ def test_replay_windows_and_launches(design, cfg) -> None:
     that agree with torch to ~1e-7) can round to neighbouring bf16 values."""
     check_replay(design, design.window + 1 if design.window > 8 else 2 * design.window + 1,
                  ring=torch.float32, **cfg)
+
+
+@pytest.mark.parametrize("design", [shared("fp32", 4), split("fp16-sr", "nvfp4", 2)],
+                         ids=lambda d: d.label)
+def test_large_batch_launch(design) -> None:
+    """The large-batch defaults (split launch: whole-head flush units in pipelined
+    16-row chunks with tf32x2 products; output programs streaming a k-head group)."""
+    cache = GDNReplayCache(3, HK, HV, K, V, window=design.window, batch_hint=256,
+                           device=DEV)
+    assert cache.launch == "split" and cache.dot == "tf32x2" and cache.out_TPP > 1
+    check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
 @pytest.mark.parametrize("read,bv", [("nvfp4", 32)])
