@@ -21,32 +21,45 @@ import os
 import sys
 import time
 
-# Launch configurations: batch 1 favours one fused launch of small blocks (or, for an
-# nvfp4 copy whose flush needs whole matrices, a small output block); large batches a
-# persistent flush launch plus an output launch of moderate blocks.
+# Launch configurations (keywords of kernels.gdn_decode.GDNReplayCache).  Batch 1: one
+# fused launch per step (16-row programs; an nvfp4 copy's flush needs whole matrices,
+# so its programs own 128 rows).  Large batches: a persistent flush launch over
+# whole-head units (16-row chunks, 2-stage pipeline, tf32x2 products) and an output
+# launch whose programs stream the tiles of one k-head group through a software
+# pipeline (out_tiles_per_program tiles of out_block_v rows, out_stages deep).
 SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "fused", "block_v": 16, "num_warps": 2},
          "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 2},
-         "split-fp16sr-nvfp4": {"launch": "split", "out_block_v": 16, "out_num_warps": 1},
-         "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2}}
+         "split-fp16sr-nvfp4": {"launch": "fused", "block_v": 128, "num_warps": 4,
+                                "flush_chunk": 32},
+         "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2, "verify_stages": 1}}
+_FLUSH = {"launch": "split", "block_v": 128, "num_warps": 4, "flush_chunk": 16,
+          "flush_stages": 2}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
-         "replay-fp32": {"launch": "split", "block_v": 32, "num_warps": 4,
-                         "out_block_v": 64, "out_num_warps": 4},
-         "split-fp32-fp8": {"launch": "split", "block_v": 32, "num_warps": 4,
-                            "out_block_v": 128, "out_num_warps": 4},
-         "split-fp16sr-nvfp4": {"launch": "split", "out_block_v": 64, "out_num_warps": 4},
-         "verify-T4": {"verify_block_v": 32, "verify_num_warps": 4}}
-# alternatives tried at (first model, batch 256, first window); the fastest is kept
+         "replay-fp32": {**_FLUSH, "out_block_v": 32, "out_num_warps": 4,
+                         "out_tiles_per_program": 8, "out_stages": 3},
+         "split-fp32-fp8": {**_FLUSH, "out_block_v": 64, "out_num_warps": 4,
+                            "out_tiles_per_program": 4, "out_stages": 3},
+         "split-fp16sr-nvfp4": {**_FLUSH, "out_block_v": 64, "out_num_warps": 4,
+                                "out_tiles_per_program": 4, "out_stages": 4},
+         "verify-T4": {"verify_block_v": 32, "verify_num_warps": 4, "verify_stages": 2}}
+# alternatives tried at (first model, batch 256, first window); the fastest is kept.
+# Tile counts per program assume 2 v-heads per k-head (qwen3.5): a k-head group holds
+# 2 * V / out_block_v tiles (other models: 1 is always valid).
 SWEEP = {
-    "replay-fp32": [{"out_block_v": 32, "out_num_warps": 4}, {"out_block_v": 128,
-                                                              "out_num_warps": 4},
-                    {"block_v": 64, "num_warps": 4}],
-    "split-fp32-fp8": [{"out_block_v": 64, "out_num_warps": 4},
-                       {"out_block_v": 128, "out_num_warps": 8}],
-    "split-fp16sr-nvfp4": [{"out_block_v": 128, "out_num_warps": 4},
-                           {"out_block_v": 32, "out_num_warps": 2}],
+    "replay-fp32": [{"out_stages": 2},
+                    {"out_block_v": 16, "out_tiles_per_program": 16, "out_stages": 4},
+                    {"dot_precision": "ieee"},
+                    {"launch": "fused", "block_v": 32, "tiles_per_program": 8, "stages": 3}],
+    "split-fp32-fp8": [{"out_block_v": 32, "out_tiles_per_program": 8, "out_stages": 4},
+                       {"out_block_v": 128, "out_tiles_per_program": 2, "out_num_warps": 8},
+                       {"dot_precision": "ieee"}],
+    "split-fp16sr-nvfp4": [{"out_block_v": 128, "out_tiles_per_program": 2,
+                            "out_num_warps": 8, "out_stages": 3},
+                           {"out_block_v": 32, "out_tiles_per_program": 8, "out_stages": 6},
+                           {"flush_chunk": 32, "num_warps": 8}],
     "verify-T4": [{"verify_block_v": 16, "verify_num_warps": 2},
-                  {"verify_block_v": 64, "verify_num_warps": 8}],
+                  {"verify_stages": 1}],
 }
 
 
@@ -63,6 +76,7 @@ def configs_for(batches, overrides=None) -> dict:
 def _job(job: tuple) -> str:
     """Warm-up worker: run one benchmark configuration once (compiles its kernels)."""
     import torch
+
     from precisionlab.studies import bench_gdn as bg
 
     kind, model, batch, window, variant, cfg = job

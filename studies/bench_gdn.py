@@ -77,21 +77,25 @@ class Shape:
         B, HK, HV, K, V = self.batch, self.HK, self.HV, self.K, self.V
         return tokens * B * (2 * 2 * HK * K + 2 * HV * V + 2 * 4 * HV + 4 * HV * V)
 
-    def entry_bytes(self) -> dict[str, float]:
-        """Ring entry fields of the whole batch."""
+    def entry_bytes(self, window: int = 16) -> dict[str, float]:
+        """Ring entry fields of the whole batch (``kk``: the fp32 row of ``k_j . k_i``
+        products written with each entry, padded to >= 16 entries)."""
         B, rb = self.batch, self.ring_bytes
+        rp = max(16, 1 << max(0, window - 1).bit_length())
         return {"k": B * self.HK * self.K * rb, "v": B * self.HV * self.V * rb,
                 "d": B * self.HV * self.V * rb, "g": B * self.HV * 4.0,
-                "beta": B * self.HV * 4.0}
+                "beta": B * self.HV * 4.0, "kk": B * self.HK * rp * 4.0}
 
-    def output_step_bytes(self, read_fmt: str, n: int) -> float:
-        e = self.entry_bytes()
+    def output_step_bytes(self, read_fmt: str, n: int, window: int = 16) -> float:
+        e = self.entry_bytes(window)
         reads = self.state_bytes(read_fmt) + n * (e["k"] + e["d"] + e["g"])
         return reads + sum(e.values()) + self.io_bytes()
 
-    def flush_bytes(self, ckpt_fmt: str, read_fmt: str | None, n: int) -> float:
-        e = self.entry_bytes()
-        b = 2 * self.state_bytes(ckpt_fmt) + n * (e["k"] + e["v"] + e["g"] + e["beta"])
+    def flush_bytes(self, ckpt_fmt: str, read_fmt: str | None, n: int,
+                    window: int = 16) -> float:
+        e = self.entry_bytes(window)
+        b = 2 * self.state_bytes(ckpt_fmt) + n * (e["k"] + e["v"] + e["g"] + e["beta"]
+                                                  + e["kk"])
         if read_fmt is not None:
             b += self.state_bytes(read_fmt)
         return b + self.io_bytes()
@@ -99,8 +103,8 @@ class Shape:
     def conventional_bytes(self) -> float:
         return 2 * self.state_bytes("fp32") + self.io_bytes()
 
-    def verify_bytes(self, T: int, n: int) -> float:
-        e = self.entry_bytes()
+    def verify_bytes(self, T: int, n: int, window: int = 16) -> float:
+        e = self.entry_bytes(window + T - 1)
         return (self.state_bytes("fp32") + n * (e["k"] + e["d"] + e["g"])
                 + T * sum(e.values()) + self.io_bytes(T))
 
@@ -252,7 +256,8 @@ def time_verify(s: Shape, clock: Clock, T: int, L: int, cfg: dict | None = None
     commit accepts nothing (no flush), so every replay sees the same state."""
     from precisionlab.kernels.gdn_decode import GDNReplayCache
 
-    cfg = {k: v for k, v in (cfg or {}).items() if k in ("verify_block_v", "verify_num_warps")}
+    cfg = {k: v for k, v in (cfg or {}).items()
+           if k in ("verify_block_v", "verify_num_warps", "verify_stages")}
     x = _inputs(s, clock.device, T=T)
     cache = GDNReplayCache(s.batch, s.HK, s.HV, s.K, s.V, window=L, checkpoint="fp32",
                            drafts=T, device=clock.device, **cfg)
@@ -346,7 +351,7 @@ def bench_gdn(
                         if w not in windows:
                             continue
                         us, cus = time_verify(s, clock, T, w, cfg)
-                        nbytes = s.verify_bytes(T, w // 2)
+                        nbytes = s.verify_bytes(T, w // 2, w)
                         put(mi, bi, all_windows.index(w), vi, us_per_step=us, us_commit=cus,
                             bytes_per_step=nbytes, eff_TBps=nbytes / us / 1e6,
                             frac_roofline=nbytes / (bw["read_TBps"] * 1e6) / us,
@@ -357,8 +362,8 @@ def bench_gdn(
                     for w in wins:
                         pos = time_replay(s, clock, ckpt, read, w, rounds, cfg)
                         outs = pos[:-1] if w > 1 else []
-                        out_b = [s.output_step_bytes(rfmt, n) for n in range(w - 1)]
-                        fl_b = s.flush_bytes(ckpt, read, w - 1)
+                        out_b = [s.output_step_bytes(rfmt, n, w) for n in range(w - 1)]
+                        fl_b = s.flush_bytes(ckpt, read, w - 1, w)
                         us = statistics.fmean(pos)
                         nbytes = (sum(out_b) + fl_b) / w
                         frac = (sum(out_b) / (bw["read_TBps"] * 1e6) / sum(outs)) if outs \
