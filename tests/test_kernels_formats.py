@@ -11,12 +11,12 @@ DEVICE = kernel_device()  # before the kernel modules are imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from precisionlab import formats  # noqa: E402
 from precisionlab.formats.random_bits import random_bits  # noqa: E402
 from precisionlab.kernels import codec  # noqa: E402
 from precisionlab.kernels.state import StateStore  # noqa: E402
 from precisionlab.kernels.tl_formats import FORMAT_IDS  # noqa: E402
-
-from precisionlab import formats  # noqa: E402
 
 FORMATS = list(FORMAT_IDS)
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, interpreter only
