@@ -26,7 +26,8 @@ import time
 # so its programs own 128 rows).  Large batches: a persistent flush launch over
 # whole-head units (16-row chunks, 2-stage pipeline, tf32x2 products) and an output
 # launch whose programs stream the tiles of one k-head group through a software
-# pipeline (out_tiles_per_program tiles of out_block_v rows, out_stages deep).
+# pipeline (out_tiles_per_program tiles of out_block_v rows, out_stages deep); register
+# caps give 3 (flush, verify) or 4 (output) programs per SM without spilling.
 SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "fused", "block_v": 16, "num_warps": 2},
          "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 2},
@@ -34,7 +35,7 @@ SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
                                 "flush_chunk": 32},
          "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2, "verify_stages": 1}}
 _FLUSH = {"launch": "split", "block_v": 128, "num_warps": 4, "flush_chunk": 16,
-          "flush_stages": 2}
+          "flush_stages": 2, "maxnreg": 168, "out_maxnreg": 128}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {**_FLUSH, "out_block_v": 32, "out_num_warps": 4,
                          "out_tiles_per_program": 8, "out_stages": 3},
@@ -42,23 +43,28 @@ LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
                             "out_tiles_per_program": 4, "out_stages": 3},
          "split-fp16sr-nvfp4": {**_FLUSH, "out_block_v": 64, "out_num_warps": 4,
                                 "out_tiles_per_program": 4, "out_stages": 4},
-         "verify-T4": {"verify_block_v": 32, "verify_num_warps": 4, "verify_stages": 2}}
+         "verify-T4": {"verify_block_v": 32, "verify_num_warps": 4, "verify_stages": 2,
+                       "verify_maxnreg": 168}}
 # alternatives tried at (first model, batch 256, first window); the fastest is kept.
 # Tile counts per program assume 2 v-heads per k-head (qwen3.5): a k-head group holds
 # 2 * V / out_block_v tiles (other models: 1 is always valid).
 SWEEP = {
-    "replay-fp32": [{"out_stages": 2},
+    "replay-fp32": [{"out_stages": 2, "out_maxnreg": 96},
                     {"out_block_v": 16, "out_tiles_per_program": 16, "out_stages": 4},
-                    {"dot_precision": "ieee"},
-                    {"launch": "fused", "block_v": 32, "tiles_per_program": 8, "stages": 3}],
+                    {"dot_precision": "ieee", "maxnreg": 128},
+                    {"launch": "fused", "block_v": 32, "tiles_per_program": 8, "stages": 3,
+                     "maxnreg": None}],
     "split-fp32-fp8": [{"out_block_v": 32, "out_tiles_per_program": 8, "out_stages": 4},
                        {"out_block_v": 128, "out_tiles_per_program": 2, "out_num_warps": 8},
-                       {"dot_precision": "ieee"}],
+                       {"out_stages": 4, "out_maxnreg": None},
+                       {"maxnreg": 128}],
     "split-fp16sr-nvfp4": [{"out_block_v": 128, "out_tiles_per_program": 2,
                             "out_num_warps": 8, "out_stages": 3},
                            {"out_block_v": 32, "out_tiles_per_program": 8, "out_stages": 6},
-                           {"flush_chunk": 32, "num_warps": 8}],
+                           {"maxnreg": None},
+                           {"out_maxnreg": 168}],
     "verify-T4": [{"verify_block_v": 16, "verify_num_warps": 2},
+                  {"verify_maxnreg": None},
                   {"verify_stages": 1}],
 }
 

@@ -185,23 +185,13 @@ def _ring_rows(ring_x, rbase, h, offs_v, valid, HV: tl.constexpr, V: tl.constexp
 
 
 @triton.jit
-def _output_terms(codes, sc, s2v, Kr, Dr, gr, valid, q, k, v, g, beta, K: tl.constexpr,
-                  BV: tl.constexpr, FMT: tl.constexpr):
-    """``(o_t, d_t)`` of the block's rows: the stored tile's products with k and q,
-    decayed over the ring entries, plus the entries' rank-1 terms."""
-    Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
-    kk = tl.sum(Kr * k[None, :], axis=1)
-    kq = tl.sum(Kr * q[None, :], axis=1)
-    cum = tl.cumsum(gr, axis=0)
-    G = tl.sum(gr, axis=0)
-    w = tl.where(valid, tl.exp(G - cum), 0.0)
-    eG = tl.exp(G)
-    Sk = eG * Sk0 + tl.sum(Dr * (w * kk)[None, :], axis=1)
-    Sq = eG * Sq0 + tl.sum(Dr * (w * kq)[None, :], axis=1)
-    alpha = tl.exp(g)
-    d = beta * (v - alpha * Sk)
-    o = alpha * Sq + d * tl.sum(k * q, axis=0)
-    return o, d
+def _ring_cols(ring_x, rbase, h, offs_v, valid, HV: tl.constexpr, V: tl.constexpr,
+               RP: tl.constexpr, RING: tl.constexpr):
+    """:func:`_ring_rows` transposed: a ``(RP, rows)`` tile (the rows contiguous along
+    the fast axis; reduced over the entries this costs fewer registers)."""
+    offs_r = tl.arange(0, RP)
+    return ring_load(ring_x + (rbase * HV + h) * V + offs_r[:, None] * (HV * V) + offs_v[None, :],
+                     valid[:, None], RING)
 
 
 @triton.jit
@@ -415,7 +405,7 @@ def _replay_kernel(
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
             g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
             gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
-            Dr = _ring_rows(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
+            DrT = _ring_cols(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
             if F_FMT != K_NONE:
                 Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, F_FMT)
             else:
@@ -424,8 +414,8 @@ def _replay_kernel(
             Gs = tl.sum(gr, axis=0)
             w = tl.where(valid, tl.exp(Gs - cum), 0.0)
             eG = tl.exp(Gs)
-            Sk = eG * Sk0 + tl.sum(Dr * (w * kk)[None, :], axis=1)
-            Sq = eG * Sq0 + tl.sum(Dr * (w * kq)[None, :], axis=1)
+            Sk = eG * Sk0 + tl.sum(DrT * (w * kk)[:, None], axis=0)
+            Sq = eG * Sq0 + tl.sum(DrT * (w * kq)[:, None], axis=0)
             alpha = tl.exp(g)
             d = beta * (v - alpha * Sk)
             o = alpha * Sq + d * kqs
@@ -570,7 +560,7 @@ def _verify_kernel(
         n = tl.load(ring_len + slot)
         rbase = slot.to(tl.int64) * R
         Kall, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, offs_r < n, HK, HV, K, RP, RING)
-        Dall = _ring_rows(ring_d, rbase, h, offs_v, offs_r < n, HV, V, RP, RING)
+        Dall = _ring_cols(ring_d, rbase, h, offs_v, offs_r < n, HV, V, RP, RING)  # (RP, BV)
         cum = tl.cumsum(gr, axis=0)  # log-decay through each entry (drafts added below)
         A_in = tl.sum(gr, axis=0)  # log-decay before the current draft
         for j in tl.range(0, T, num_stages=NS):
@@ -584,8 +574,8 @@ def _verify_kernel(
             kq = tl.sum(Kall * q[None, :], axis=1)
             w = tl.where(valid, tl.exp(A_in - cum), 0.0)
             eA = tl.exp(A_in)
-            Sk = eA * Sk0 + tl.sum(Dall * (w * kk)[None, :], axis=1)
-            Sq = eA * Sq0 + tl.sum(Dall * (w * kq)[None, :], axis=1)
+            Sk = eA * Sk0 + tl.sum(Dall * (w * kk)[:, None], axis=0)
+            Sq = eA * Sq0 + tl.sum(Dall * (w * kq)[:, None], axis=0)
             alpha = tl.exp(g)
             d = beta * (v - alpha * Sk)
             o = alpha * Sq + d * tl.sum(k * q, axis=0)
@@ -601,7 +591,7 @@ def _verify_kernel(
                     ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
                     tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0))
             Kall = tl.where(offs_r[:, None] == m, k[None, :], Kall)
-            Dall = tl.where(offs_r[None, :] == m, dr[:, None], Dall)
+            Dall = tl.where(offs_r[:, None] == m, dr[None, :], Dall)
             A_in = A_in + g
             cum = tl.where(offs_r == m, A_in, cum)
 
@@ -643,18 +633,21 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     :class:`GDNReplayCache`).  Small batches: one fused launch of 16-row programs.
     Large batches (batch * v_heads >= 1024): a persistent flush launch (whole-head
     units folded in 16-row chunks, 2-stage pipeline) and an output launch whose
-    programs stream a whole k-head group (~8-16 KB tiles, 3-stage pipeline)."""
+    programs stream a whole k-head group (~8-16 KB tiles, 3-stage pipeline).  Register
+    caps (``maxnreg``, ``out_maxnreg``, ``verify_maxnreg``: ptxas would otherwise take
+    200-250 registers where 128-168 fit without spilling) set 3-4 programs per SM."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
-        return dict(launch="fused", block_v=bv, num_warps=4 if whole else 2,
+        return dict(launch="fused", block_v=bv, num_warps=4 if whole else 2, maxnreg=None,
                     tiles_per_program=1, stages=1, flush_chunk=min(bv, 16), flush_stages=1,
+                    out_maxnreg=None, verify_maxnreg=None,
                     out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
                     verify_stages=1)
     obv = min(V, _OUT_BV.get(read or checkpoint, 64))
-    return dict(launch="split", block_v=V, num_warps=4, tiles_per_program=1, stages=1,
-                flush_chunk=16, flush_stages=2,
+    return dict(launch="split", block_v=V, num_warps=4, maxnreg=168, tiles_per_program=1,
+                stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=128, verify_maxnreg=168,
                 out_block_v=obv, out_num_warps=4,
                 out_tiles_per_program=(v_heads // k_heads) * (V // obv), out_stages=3,
                 verify_block_v=min(V, 32), verify_num_warps=4, verify_stages=2)
@@ -762,6 +755,8 @@ class GDNReplayCache:
       exact in tf32 -- a bf16 or fp16 ring; with an fp32 ring it means ``"tf32x3"``),
       ``"tf32x3"`` (three passes) or ``"ieee"`` (fp32 FMAs).  Default: ``"tf32x2"``.
     * ``verify_block_v`` / ``verify_num_warps`` / ``verify_stages``: the verify kernel.
+    * ``maxnreg`` (fused or flush launch), ``out_maxnreg``, ``verify_maxnreg``: register
+      caps per thread (None: the compiler's choice).
 
     An nvfp4 copy is written whole-matrix: the flushing program (fused) or unit
     (split) owns all V rows, so ``block_v`` must be V there.
@@ -779,7 +774,8 @@ class GDNReplayCache:
         verify_block_v: int | None = None, verify_num_warps: int | None = None,
         verify_stages: int | None = None, flush_chunk: int | None = None,
         flush_stages: int | None = None, dot_precision: str = "tf32x2",
-        flush_ctas_per_sm: int | None = None,
+        flush_ctas_per_sm: int | None = None, maxnreg: int | None = None,
+        out_maxnreg: int | None = None, verify_maxnreg: int | None = None,
         keep_fresh: bool = False,
     ):
         if window < 1:
@@ -805,7 +801,8 @@ class GDNReplayCache:
                      tiles_per_program=tiles_per_program, stages=stages,
                      flush_chunk=flush_chunk, out_block_v=out_block_v,
                      out_num_warps=out_num_warps, out_tiles_per_program=out_tiles_per_program,
-                     out_stages=out_stages, flush_stages=flush_stages,
+                     out_stages=out_stages, flush_stages=flush_stages, maxnreg=maxnreg,
+                     out_maxnreg=out_maxnreg, verify_maxnreg=verify_maxnreg,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -828,6 +825,8 @@ class GDNReplayCache:
         self.verify_BV, self.verify_num_warps = cfg["verify_block_v"], cfg["verify_num_warps"]
         self.verify_stages = cfg["verify_stages"]
         self.FB, self.flush_stages = cfg["flush_chunk"], cfg["flush_stages"]
+        self.maxnreg, self.out_maxnreg = cfg["maxnreg"], cfg["out_maxnreg"]
+        self.verify_maxnreg = cfg["verify_maxnreg"]
         whole = "nvfp4" in (checkpoint, read)
         if whole and self.BV != V:
             raise ValueError("an nvfp4 copy needs block_v == V")
@@ -934,14 +933,17 @@ class GDNReplayCache:
                         commit=False)
         if fused:
             bv, nw, tpp, ns = self.BV, self.num_warps, self.TPP, self.stages
+            mr = self.maxnreg
         else:
             bv, nw, tpp, ns = self.out_BV, self.out_num_warps, self.out_TPP, self.out_stages
+            mr = self.out_maxnreg
         _replay_kernel[(self.HV * (self.V // bv) // tpp, B)](
             q, k, v, a, b, A_log, dt_bias, state_indices, skip, out, *c.kernel_args(), *fargs,
             self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
             self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
             min(self.FB, bv), self.flush_stages, self.L, self.R, self.RP, self.LOG2RP, c.fmt_id,
             f_id, self.ring_id, fused, self.fresh is not None, self.dot, num_warps=nw,
+            maxnreg=mr,
         )
         return out
 
@@ -961,6 +963,7 @@ class GDNReplayCache:
             self.RP,
             self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
             self.ring_id, self.fresh is not None, commit, self.dot, num_warps=self.num_warps,
+            maxnreg=self.maxnreg,
         )
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
@@ -979,7 +982,7 @@ class GDNReplayCache:
             self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
             self.counters.ring_len, T, self.HK, self.HV, self.K, self.V, self.verify_BV, self.R,
             self.RP, r.fmt_id, self.ring_id, self.verify_stages,
-            num_warps=self.verify_num_warps,
+            num_warps=self.verify_num_warps, maxnreg=self.verify_maxnreg,
         )
         return out
 
