@@ -310,6 +310,46 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
         tl.store(out_row + offs_v, tl.sum(Sn * q[None, :], axis=1))
 
 
+@triton.jit
+def _out_tile(codes, sc, s2v, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, ring_k, ring_v, ring_d,
+              ring_g, ring_b, ring_kk, bidx, hk, h, vb, rbase, n, valid, q, k, kqs, kk, kq,
+              HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+              BV: tl.constexpr, L: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
+              RING: tl.constexpr):
+    """Output rows ``vb * BV ..`` of head h from their loaded tile and the ring: ``o``,
+    ``d``; unless the slot flushes (n = L - 1), store o and append d, v (and, for the
+    head's first tile, g and beta; for the group's first head, k and its ring products)
+    at ring position n."""
+    offs_v = vb * BV + tl.arange(0, BV)
+    offs_r = tl.arange(0, RP)
+    v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
+    g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
+    gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
+    DrT = _ring_cols(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
+    Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
+    cum = tl.cumsum(gr, axis=0)
+    Gs = tl.sum(gr, axis=0)
+    w = tl.where(valid, tl.exp(Gs - cum), 0.0)
+    eG = tl.exp(Gs)
+    Sk = eG * Sk0 + tl.sum(DrT * (w * kk)[:, None], axis=0)
+    Sq = eG * Sq0 + tl.sum(DrT * (w * kq)[:, None], axis=0)
+    alpha = tl.exp(g)
+    d = beta * (v - alpha * Sk)
+    o = alpha * Sq + d * kqs
+    if n != L - 1:
+        tl.store(out + (bidx * HV + h) * V + offs_v, o)
+        pos = rbase + n
+        ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), offs_v < V, RING)
+        ring_store(ring_v + (pos * HV + h) * V + offs_v, v, offs_v < V, RING)
+        if vb == 0:
+            tl.store(ring_g + pos * HV + h, g)
+            tl.store(ring_b + pos * HV + h, beta)
+            if h % (HV // HK) == 0:
+                offs_k = tl.arange(0, K)
+                ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
+                tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0))
+
+
 # ------------------------------------------------------------------------ kernels
 @triton.jit(do_not_specialize=["seed"])
 def _conventional_kernel(
@@ -377,6 +417,16 @@ def _replay_kernel(
     else:
         live = tl.load(skip + bidx) == 0
     if slot >= 0:
+        if F_FMT != K_NONE:
+            r_data, r_s1, r_s2 = f_data, f_s1, f_s2
+            R_FMT: tl.constexpr = F_FMT
+        else:
+            r_data, r_s1, r_s2 = c_data, c_s1, c_s2
+            R_FMT: tl.constexpr = C_FMT
+        if TPP == 1:  # one tile: its load is the first after the slot's
+            offs_v0 = (tau0 % NVB) * BV + tl.arange(0, BV)
+            codes0, sc0, s20 = load_tile(r_data, r_s1, r_s2, slot.to(tl.int64) * HV + tau0 // NVB,
+                                         offs_v0, (offs_v0 < V) & live, V, K, R_FMT)
         clock = tl.load(tickets + slot, cache_modifier=".cg")
         offs_k = tl.arange(0, K)
         offs_r = tl.arange(0, RP)
@@ -391,47 +441,21 @@ def _replay_kernel(
                        + offs_k[None, :], valid[:, None], RING)
         kk = tl.sum(Kr * k[None, :], axis=1)
         kq = tl.sum(Kr * q[None, :], axis=1)
-        for i in tl.range(0, TPP, num_stages=NS):
-            tau = tau0 + i
-            h = tau // NVB
-            vb = tau % NVB
-            offs_v = vb * BV + tl.arange(0, BV)
-            mat = slot.to(tl.int64) * HV + h
-            mrow = (offs_v < V) & live
-            if F_FMT != K_NONE:
-                codes, sc, s2v = load_tile(f_data, f_s1, f_s2, mat, offs_v, mrow, V, K, F_FMT)
-            else:
-                codes, sc, s2v = load_tile(c_data, c_s1, c_s2, mat, offs_v, mrow, V, K, C_FMT)
-            v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
-            g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
-            gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
-            DrT = _ring_cols(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
-            if F_FMT != K_NONE:
-                Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, F_FMT)
-            else:
-                Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, C_FMT)
-            cum = tl.cumsum(gr, axis=0)
-            Gs = tl.sum(gr, axis=0)
-            w = tl.where(valid, tl.exp(Gs - cum), 0.0)
-            eG = tl.exp(Gs)
-            Sk = eG * Sk0 + tl.sum(DrT * (w * kk)[:, None], axis=0)
-            Sq = eG * Sq0 + tl.sum(DrT * (w * kq)[:, None], axis=0)
-            alpha = tl.exp(g)
-            d = beta * (v - alpha * Sk)
-            o = alpha * Sq + d * kqs
-            if n != L - 1:
-                tl.store(out + (bidx * HV + h) * V + offs_v, o)
-                pos = rbase + n
-                ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING),
-                           offs_v < V, RING)
-                ring_store(ring_v + (pos * HV + h) * V + offs_v, v, offs_v < V, RING)
-                if vb == 0:
-                    tl.store(ring_g + pos * HV + h, g)
-                    tl.store(ring_b + pos * HV + h, beta)
-                    if h % GRP == 0:
-                        ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
-                        tl.store(ring_kk + (pos * HK + hk) * RP + offs_r,
-                                 tl.where(valid, kk, 0.0))
+        if TPP == 1:
+            _out_tile(codes0, sc0, s20, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, ring_k, ring_v,
+                      ring_d, ring_g, ring_b, ring_kk, bidx, hk, tau0 // NVB, tau0 % NVB, rbase,
+                      n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L, RP, R_FMT, RING)
+        else:
+            for i in tl.range(0, TPP, num_stages=NS):
+                tau = tau0 + i
+                h = tau // NVB
+                offs_v = (tau % NVB) * BV + tl.arange(0, BV)
+                codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot.to(tl.int64) * HV + h,
+                                           offs_v, (offs_v < V) & live, V, K, R_FMT)
+                _out_tile(codes, sc, s2v, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, ring_k,
+                          ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk, h, tau % NVB,
+                          rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L, RP, R_FMT,
+                          RING)
         if FUSED:
             if n == L - 1:
                 for i in range(0, TPP):
