@@ -7,8 +7,9 @@ rounding with the design seed (checkpoint) and seed + 1 (split read copy) at
 ``step = t``.  The kernels take the trace's raw inputs (``raw``: q, k, v, a, b) and
 do the layer's preprocessing themselves (normalisation, gates, rounding of k and v
 to the ring dtype), so they agree with the torch runner, which consumes the same
-values prepared by ``GDNKind.prepare``, to fp32 rounding.  Every step is one launch;
-the host-side count only mirrors the device counters (the engine advances all
+values prepared by ``GDNKind.prepare``, to fp32 rounding.  A step is one launch
+(small batches) or a flush launch plus an output launch (large batches; ``launch``
+picks); the host-side count only mirrors the device clock (the engine advances all
 sequences in lock-step) and is never read back.
 """
 
@@ -59,7 +60,7 @@ class TritonGDNDesign:
         *,
         block_v: int | None = None,
         num_warps: int | None = None,
-        launch: str = "fused",
+        launch: str | None = None,
     ):
         why = supports(design, kind)
         if why is not None:

@@ -659,19 +659,22 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     units folded in 16-row chunks, 2-stage pipeline) and an output launch whose
     programs stream a whole k-head group (~8-16 KB tiles, 3-stage pipeline).  Register
     caps (``maxnreg``, ``out_maxnreg``, ``verify_maxnreg``: ptxas would otherwise take
-    200-250 registers where 128-168 fit without spilling) set 3-4 programs per SM."""
+    200-250 registers where 128-168 fit without spilling) set 3-4 programs per SM; the
+    persistent flush launch has as many programs as fit at once (3 per SM: a program
+    that waited for a free SM would finish its share of units last)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
         return dict(launch="fused", block_v=bv, num_warps=4 if whole else 2, maxnreg=None,
                     tiles_per_program=1, stages=1, flush_chunk=min(bv, 16), flush_stages=1,
-                    out_maxnreg=None, verify_maxnreg=None,
+                    out_maxnreg=None, verify_maxnreg=None, flush_ctas_per_sm=4,
                     out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
                     verify_stages=1)
     obv = min(V, _OUT_BV.get(read or checkpoint, 64))
     return dict(launch="split", block_v=V, num_warps=4, maxnreg=168, tiles_per_program=1,
                 stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=128, verify_maxnreg=168,
+                flush_ctas_per_sm=3,
                 out_block_v=obv, out_num_warps=4,
                 out_tiles_per_program=(v_heads // k_heads) * (V // obv), out_stages=3,
                 verify_block_v=min(V, 32), verify_num_warps=4, verify_stages=2)
@@ -827,6 +830,7 @@ class GDNReplayCache:
                      out_num_warps=out_num_warps, out_tiles_per_program=out_tiles_per_program,
                      out_stages=out_stages, flush_stages=flush_stages, maxnreg=maxnreg,
                      out_maxnreg=out_maxnreg, verify_maxnreg=verify_maxnreg,
+                     flush_ctas_per_sm=flush_ctas_per_sm,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -881,7 +885,7 @@ class GDNReplayCache:
         dev = torch.device(device)
         self.n_sm = (torch.cuda.get_device_properties(dev).multi_processor_count
                      if dev.type == "cuda" else 2)
-        self.flush_ctas_per_sm = flush_ctas_per_sm or 4
+        self.flush_ctas_per_sm = cfg["flush_ctas_per_sm"]
         self._skip = torch.zeros(max(slots, batch_hint or 0), dtype=torch.int32, device=device)
         self.fresh = (torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh
                       else None)
