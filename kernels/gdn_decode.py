@@ -10,48 +10,54 @@ dtype (the values the ring stores; the step uses them everywhere),
 Sequences index state slots through ``state_indices`` (a negative index skips the
 sequence).
 
-**Counters.**  A plain replay cache keeps one int32 clock per slot (``tickets``):
-every program of the replay kernel takes one relaxed ``atomic_add`` at its start
-and uses the value it returns (broadcast to the whole program), so with ``P``
-programs per slot ``clock // P`` is the slot's step count for every program of the
-launch (at most P - 1 other increments of the same launch precede any of them),
-and ``(clock // P) mod L`` its ring position.  Nothing waits at the end of a
-program and no counter is published: a step is one launch, needs no host sync and
-can be captured in a CUDA graph.  Speculative caches keep explicit ``ring_len``
-(committed entries) and ``steps`` that only the commit writes.  The conventional
-kernel's stochastic rounding uses ``steps`` with ``tl_common.finish_slot``.
+**Counters.**  A plain replay cache keeps one int32 clock per slot (``tickets``).
+Every program of the step's replay launch reads it once at its start (from L2) and
+adds 1 at its very end -- a fire-and-forget relaxed atomic behind a barrier, so all
+of the program's warps have read the clock before its own increment.  With ``P``
+programs per slot, every program of a launch reads a value in ``[kP, kP + P - 1]``
+(only the launch's other P - 1 increments can precede it), so ``k = clock // P`` is
+the slot's step count and ``k mod L`` its ring position.  Nothing waits on a counter
+and nothing is published: no host sync, CUDA-graph capturable.  Speculative caches
+keep explicit ``ring_len`` (committed entries) and ``steps`` that only the commit
+writes.  The conventional kernel's stochastic rounding uses ``steps`` with
+``tl_common.finish_slot``.
 
-**Output step** (one program per (slot, v-head, BV rows), grid ``(V // BV, batch *
-v_heads)``): the slot index is the only load before the stored copy's tile; the
-tile, the raw inputs and the clock atomic are in flight together; the ring entries
-(masked by the ring position, so only live entries are read) follow.  The program
-reduces its tile against k and q (two row sums), its k-head's ring entries against
-k and q (``k_i . k_t``, ``k_i . q_t``), and combines them with the ring's ``d``
-rows: ``S_{t-1} k = e^G S k + sum_i w_i (k_i . k) d_i`` (likewise for q).
+**Output step.**  Grid ``(HV * (V // BV) // TPP, batch)``: a program streams TPP
+tiles (BV rows of one v-head each, all in one k-head group) of the stored copy
+through a ``tl.range(num_stages=NS)`` software pipeline (the tile loads become
+``cp.async`` copies to shared memory, so the bytes in flight cost no registers).
+Once per program: q, k and the k-head's ring products ``k_i . k``, ``k_i . q``
+(``(RP, K)`` ring tile, masked by the ring position so only live entries are read).
+Per tile: its two row sums against k and q, the ring's d rows weighted by those
+products and the decay, ``S_{t-1} k = e^G S k + sum_i e^{G - c_i} (k_i . k) d_i``
+(likewise for q), then ``d``, ``o`` and the appends (d, v; g, beta once per head;
+k and the row of products ``k_i . k`` once per k-head, in ``ring_kk``).  A one-tile
+program (small batches) issues its tile load right after the slot index.
 
-**Flush** (the delta rule over the window, from the checkpoint): per row block of
-a head, ``P = S_c K^T`` (one ``tl.dot``), the triangular recompute of the window's
-``d`` as one small product ``D = (I + N)^-1 RHS`` with ``N_ij = beta_i
-e^{c_i - c_j} k_i . k_j`` (j < i; the inverse by repeated squaring, computed once
-per head), and the rank-L fold ``S = e^{c_L} S_c + (w D)^T K`` (another ``tl.dot``),
-in chunks of FB rows.  An nvfp4 copy needs its whole matrix's amax before it can
-encode: its flush owns whole matrices and makes two passes over the chunks (the
-first only for the amax; the recompute reads L2-hot data).  The large products run
-in ``dot_precision`` (``"tf32x3"``: three tensor-core passes, ~fp32 accuracy;
-``"ieee"``: fp32 FMAs); the small ``(RP, RP)`` ones always in ieee fp32.
+**Flush** (the delta rule over the window, from the checkpoint), per unit of BVF
+rows of one head, in chunks of FB rows (a pipelined loop): ``P = S_c K^T`` (one
+``tl.dot``), the window's d recomputed as ``D = RHS (I + N)^-T`` with ``N_ij = beta_i
+e^{c_i - c_j} k_i . k_j`` (j < i; the products from ``ring_kk``, the inverse by
+repeated squaring once per unit), and the rank-L fold ``S = e^{c_L} S_c + (w D) K``
+(another ``tl.dot``).  The two large products run in ``dot_precision``: "tf32x2"
+(the ring's k is exact in tf32, so only the other operand is split: two
+tensor-core passes, ~fp32 accuracy), "tf32x3" or "ieee"; the small ``(RP, RP)``
+ones in ieee fp32.  An nvfp4 copy needs its whole matrix's amax before it can
+encode: its flush units are whole matrices with two passes over the chunks (the
+first only for the amax; the recompute reads L2-hot data).
 
-Launch modes of a step: ``"fused"`` -- one launch, each program takes the output
-path or (when its slot's ring then holds L entries) flushes its own rows; ``"split"``
--- a persistent flush launch over the flushing slots' row blocks (it returns at once
-where nothing flushes, and leaves a per-row flag), then the output launch, whose
-programs of flushing slots load nothing and only advance the clock.
+Launch modes of a step: ``"fused"`` -- one launch; a flushing slot's programs run
+the output loop (results unused) and then flush their own tiles; ``"split"`` -- a
+persistent flush launch over the flushing slots' units (it returns at once where
+nothing flushes, and leaves a per-row flag), then the output launch, whose programs
+of flushing slots load nothing and only advance the clock.  The fused kernel
+carries the flush path's registers, so large batches use "split".
 
-**Verify** (T drafts from one read of the stored copy): ``S X^T`` for the drafts'
-k and q as two ``tl.dot`` (``(BV, K) x (K, TP)``), the ring terms as small products,
-and the drafts among themselves in a short loop over T (vector operations only:
-each draft's ``d`` rounded to the ring dtype before later drafts use it, as the
-ring stores it).  Commit = the persistent flush launch (committed entries >= L)
-plus a counter launch.
+**Verify** (T drafts from one read of the stored copy, kept packed in registers):
+draft j is an output step at ring position ``n + j``; drafts 0..j-1 join the
+program's ring tiles (k, the ring-rounded d, the log-decay) in registers as they
+are computed, and are written behind the commit pointer.  Commit = the persistent
+flush launch (committed entries >= L) plus a counter launch.
 """
 
 from __future__ import annotations
