@@ -505,12 +505,14 @@ def _flush_kernel(
     live = sl >= 0
     sl0 = tl.maximum(sl, 0)
     if COMMIT:
-        nb = tl.load(ring_len + sl0, mask=live, other=0)
-        nb += tl.load(accepted + offs_b, mask=inb, other=0)
+        acc = tl.load(accepted + offs_b, mask=inb, other=0)
+        nb = tl.load(ring_len + sl0, mask=live, other=0) + acc
+        tb = tl.load(steps + sl0, mask=live, other=0) + acc - 1  # SR step: last committed
         flag = live & (nb >= L)
     else:
-        clk = tl.load(tickets + sl0, mask=live, other=0)
-        flag = live & ((clk // PCLK) % L == L - 1)
+        tb = tl.load(tickets + sl0, mask=live, other=0) // PCLK
+        nb = tb % L
+        flag = live & (nb == L - 1)
         if pid == 0:
             tl.store(skip + offs_b, flag.to(tl.int32), mask=inb)
     fl = flag.to(tl.int32)
@@ -522,27 +524,29 @@ def _flush_kernel(
         j = u // (HV * NU)
         h = (u // NU) % HV
         part = u % NU
-        bidx = tl.sum(tl.where(flag & (cum == j + 1), offs_b, 0), axis=0)
+        # the unit's sequence, slot, entry count and SR step from the vectors above: the
+        # unit's loads need no scalar round trip first
+        sel = flag & (cum == j + 1)
+        bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0)
+        slot = tl.sum(tl.where(sel, sl0, 0), axis=0)
+        n = tl.sum(tl.where(sel, nb, 0), axis=0)
+        t = tl.sum(tl.where(sel, tb, 0), axis=0)
         hk = h // (HV // HK)
-        slot = tl.load(state_idx + bidx)
         mat = slot.to(tl.int64) * HV + h
         rbase = slot.to(tl.int64) * R
         if COMMIT:
-            n_acc = tl.load(accepted + bidx)
             _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
-                        ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF,
-                        tl.load(ring_len + slot) + n_acc, 0.0, 0.0, 0.0, 0.0, seed,
-                        tl.load(steps + slot) + n_acc - 1, HK, HV, K, V, BVF, FB, FNS, RP,
-                        LOG2RP, C_FMT, F_FMT, RING, False, FRESH, DOT)
+                        ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
+                        0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                        RING, False, FRESH, DOT)
         else:
             q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                     K, RING)
             g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
-            t = tl.load(tickets + slot) // PCLK
             _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                         ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
-                        out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, t % L, q, k,
-                        g, beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                        out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
+                        beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                         RING, True, FRESH, DOT)
         u += G
 
