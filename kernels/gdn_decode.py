@@ -793,7 +793,7 @@ class GDNReplayCache:
       ``"tf32x3"`` (three passes) or ``"ieee"`` (fp32 FMAs).  Default: ``"tf32x2"``.
     * ``verify_block_v`` / ``verify_num_warps`` / ``verify_stages``: the verify kernel.
     * ``maxnreg`` (fused or flush launch), ``out_maxnreg``, ``verify_maxnreg``: register
-      caps per thread (None: the compiler's choice).
+      caps per thread (0: none, the compiler's choice; None: the default).
 
     An nvfp4 copy is written whole-matrix: the flushing program (fused) or unit
     (split) owns all V rows, so ``block_v`` must be V there.
@@ -863,8 +863,8 @@ class GDNReplayCache:
         self.verify_BV, self.verify_num_warps = cfg["verify_block_v"], cfg["verify_num_warps"]
         self.verify_stages = cfg["verify_stages"]
         self.FB, self.flush_stages = cfg["flush_chunk"], cfg["flush_stages"]
-        self.maxnreg, self.out_maxnreg = cfg["maxnreg"], cfg["out_maxnreg"]
-        self.verify_maxnreg = cfg["verify_maxnreg"]
+        self.maxnreg, self.out_maxnreg = cfg["maxnreg"] or None, cfg["out_maxnreg"] or None
+        self.verify_maxnreg = cfg["verify_maxnreg"] or None
         whole = "nvfp4" in (checkpoint, read)
         if whole and self.BV != V:
             raise ValueError("an nvfp4 copy needs block_v == V")
