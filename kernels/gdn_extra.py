@@ -8,8 +8,7 @@
   are turned into float bits with two shifts and a merge, block scales applied once
   per block).  The values are those of ``tl_formats.decode_tile``; only the order of
   the fp32 operations differs.
-* :func:`qk_at`, :func:`prep_qk_rows`: the prepared q and k (one vector, or a tile of
-  rows: several drafts at once).
+* :func:`qk_at`: the prepared q and k at given element offsets.
 * :func:`inv_unit_lower`: ``(I + N)^-1`` of a strictly lower-triangular ``N`` by
   repeated squaring (``log2`` of its size small matrix products, no sequential
   substitution).
@@ -46,18 +45,6 @@ def qk_at(q_ptr, k_ptr, offs, q_norm, k_norm, K: tl.constexpr, RING: tl.constexp
     vectors."""
     q = tl.math.div_rn(tl.load(q_ptr + offs).to(tl.float32), q_norm) * (K**-0.5)
     k = ring_round(tl.math.div_rn(tl.load(k_ptr + offs).to(tl.float32), k_norm), RING)
-    return q, k
-
-
-@triton.jit
-def prep_qk_rows(Q, Kt, K: tl.constexpr, RING: tl.constexpr):
-    """Rows of raw q and k (float32 tiles ``(rows, K)``; zero rows stay zero) prepared as
-    :func:`qk_at` prepares one vector: L2-normalised with the norm clamped at 1e-6, q
-    scaled by ``K**-0.5``, k rounded to the ring dtype."""
-    qn = tl.maximum(tl.sqrt_rn(tl.sum(Q * Q, axis=1)), 1e-6)
-    kn = tl.maximum(tl.sqrt_rn(tl.sum(Kt * Kt, axis=1)), 1e-6)
-    q = tl.math.div_rn(Q, qn[:, None]) * (K**-0.5)
-    k = ring_round(tl.math.div_rn(Kt, kn[:, None]), RING)
     return q, k
 
 
@@ -149,14 +136,6 @@ def tile_dots(codes, sc, s2v, k, q, K: tl.constexpr, BV: tl.constexpr, FMT: tl.c
     else:
         Sk, Sq = _fp4_dots(codes, sc, s2v, k, q, K, BV, 32, FMT)
     return Sk, Sq
-
-
-@triton.jit
-def read_dots(data, s1, s2, mat, offs_v, k, q, V: tl.constexpr, K: tl.constexpr,
-              BV: tl.constexpr, FMT: tl.constexpr):
-    """:func:`load_tile` then :func:`tile_dots` (all rows in range)."""
-    codes, sc, s2v = load_tile(data, s1, s2, mat, offs_v, offs_v < V, V, K, FMT)
-    return tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
 
 
 @triton.jit

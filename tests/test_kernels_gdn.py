@@ -172,8 +172,9 @@ def check_replay(design, steps: int, ring: torch.dtype = torch.bfloat16, **cfg) 
 
 @pytest.mark.parametrize("design", DESIGNS, ids=lambda d: d.label)
 def test_replay_matches_torch_runner_and_formats(design) -> None:
-    """Two flushes of each design (the default launch: fused, tf32x3 products), two
-    16-row blocks per head (nvfp4: the whole 32-row matrix)."""
+    """Two flushes of each design (small-batch defaults: one fused launch per step,
+    tf32x2 flush products), two 16-row blocks per head (nvfp4: the whole 32-row
+    matrix)."""
     whole = "nvfp4" in (design.checkpoint_format, design.read_format)
     check_replay(design, 2 * design.window + 1, block_v=None if whole else 16)
 
