@@ -4,9 +4,10 @@ Usage:
   python benchmarks/bench_gdn.py [--phase warm,sweep,bench] [--out DIR] [--models M ...]
       [--batches 1 64 256] [--windows 16] [--extra-windows 4 8 32]
 
-``warm`` compiles every kernel configuration the run needs in parallel processes
-(Triton's disk cache), ``sweep`` times a few launch-configuration alternatives at
-batch 256 of the first model and keeps the fastest per variant; ``bench`` runs
+``warm`` compiles the kernels in parallel processes (Triton's disk cache): before the
+sweep its alternatives, after it the bench phase's configurations; ``sweep`` times a
+few launch-configuration alternatives at batch 256 of the first model and keeps the
+fastest per variant; ``bench`` runs
 ``precisionlab.studies.bench_gdn.bench_gdn`` with them and prints the table (us per
 step, effective TB/s, fraction of the bandwidth roofline, speed-up over fla).  JSON
 results go to ``--out``.
@@ -115,23 +116,32 @@ def warm(jobs: list[tuple], workers: int) -> None:
           f"{len(bad)} failed", *bad[:5], sep="\n  ")
 
 
-def plan(models, batches, windows, extra_windows, extra_models) -> list[tuple]:
+def plan(models, batches, windows, extra_windows, extra_models, configs=None) -> list[tuple]:
+    """Warm-up jobs of the bench phase: every (model, batch, window, variant) with its
+    configuration (``configs`` from :func:`configs_for`; SMALL / LARGE by default)."""
+    configs = configs or configs_for(batches)
     jobs = []
     for m in models:
         for b in batches:
             wins = list(windows)
-            if b == 256 and (not extra_models or m in extra_models):
-                wins += list(extra_windows)
-            cfgs = configs_for([b])
+            if b == 256 and (extra_models is None or m in extra_models):
+                wins += [w for w in extra_windows if w not in wins]
             jobs.append(("fla", m, b, 16, "fla", {}))
             for v in LARGE:
-                base = cfgs[(v, b)]
-                alts = [base] + ([{**base, **o} for o in SWEEP.get(v, [])] if b >= 16 else [])
-                for cfg in alts:
-                    for w in (wins if v not in ("conventional",) else wins[:1]):
-                        if v.startswith("verify") and w not in windows:
-                            continue
-                        jobs.append(("bench", m, b, w, v, cfg))
+                for w in (wins if v != "conventional" else wins[:1]):
+                    if v.startswith("verify") and w not in windows:
+                        continue
+                    jobs.append(("bench", m, b, w, v, configs[(v, b)]))
+    return jobs
+
+
+def plan_sweep(model: str, window: int) -> list[tuple]:
+    """Warm-up jobs of the sweep phase: the LARGE configurations and their SWEEP
+    alternatives at (model, batch 256, window)."""
+    jobs = []
+    for v, alts in SWEEP.items():
+        for cfg in [LARGE[v]] + [{**LARGE[v], **o} for o in alts]:
+            jobs.append(("bench", model, 256, window, v, cfg))
     return jobs
 
 
@@ -200,11 +210,15 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     phases = args.phase.split(",")
-    if "warm" in phases:
-        warm(plan(args.models, args.batches, args.windows, args.extra_windows,
-                  args.extra_models), args.workers)
-    over = sweep(args.models[0], args.windows[0], args.out) if "sweep" in phases else {}
+    over = {}
+    if "sweep" in phases:  # compile the alternatives in parallel, then time them
+        if "warm" in phases:
+            warm(plan_sweep(args.models[0], args.windows[0]), args.workers)
+        over = sweep(args.models[0], args.windows[0], args.out)
     configs = configs_for(args.batches, over)
+    if "warm" in phases:  # the bench phase's kernels, with the configurations picked
+        warm(plan(args.models, args.batches, args.windows, args.extra_windows,
+                  args.extra_models, configs), args.workers)
     if "bench" in phases:
         from precisionlab.studies.bench_gdn import bench_gdn
 
