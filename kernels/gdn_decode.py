@@ -87,6 +87,7 @@ from .tl_formats import (
     K_FP16_SR,
     K_NONE,
     K_NVFP4,
+    decode_tile,
     load_state,
     matrix_amax,
     store_state,
@@ -201,13 +202,16 @@ def _ring_cols(ring_x, rbase, h, offs_v, valid, HV: tl.constexpr, V: tl.constexp
 
 
 @triton.jit
-def _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, valid, Kr, br, ec,
-                Tm, w, e_last, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n, valid, Kr,
+                br, ec, Tm, w, e_last, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 FB: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr, RING: tl.constexpr,
                 STEP: tl.constexpr, DOT: tl.constexpr):
     """Fresh fp32 rows ``offs_v`` (FB of them): the window's d recomputed from the
-    checkpoint rows, ``D = RHS (I + N)^-T``, then ``e^{c_L} S_c + (w D) K``."""
-    S = load_state(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, C_FMT, FB, K)
+    checkpoint rows, ``D = RHS (I + N)^-T``, then ``e^{c_L} S_c + (w D) K``.  An nvfp4
+    checkpoint decodes with ``s2_old``, its matrix scale read before the first chunk
+    was rewritten."""
+    codes, sc, s2_now = load_tile(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, K, C_FMT)
+    S = decode_tile(codes, sc, s2_old, C_FMT, FB, K)
     Vr = _ring_rows(ring_v, rbase, h, offs_v, valid, HV, V, RP, RING)
     if STEP:  # this step's entry, at ring position n
         vt = ring_round(tl.load(v_row + offs_v).to(tl.float32), RING)
@@ -272,10 +276,15 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     NC: tl.constexpr = BVF // FB
     AMAX: tl.constexpr = (C_FMT == K_NVFP4) or (F_FMT == K_NVFP4)
     amax = 0.0
+    if C_FMT == K_NVFP4:
+        s2_old = tl.load(c_s2 + mat)
+    else:
+        s2_old = 0.0
     if NC == 1:
         offs_v = v0 + tl.arange(0, FB)
-        Sn = _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, valid,
-                         Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP, DOT)
+        Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n,
+                         valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
+                         DOT)
         if AMAX:
             amax = matrix_amax(Sn)
         _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
@@ -284,15 +293,15 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
         if AMAX:  # first pass: the matrix amax only (the second reads L2-hot data)
             for c in tl.range(0, NC, num_stages=FNS, disable_licm=True):
                 offs_v = v0 + c * FB + tl.arange(0, FB)
-                Sn = _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n,
-                                 valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT,
-                                 RING, STEP, DOT)
+                Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
+                                 offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
+                                 C_FMT, RING, STEP, DOT)
                 amax = tl.maximum(amax, matrix_amax(Sn))
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=True):
             offs_v = v0 + c * FB + tl.arange(0, FB)
-            Sn = _fold_chunk(c_data, c_s1, c_s2, ring_v, v_row, rbase, h, mat, offs_v, n, valid,
-                             Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
-                             DOT)
+            Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v,
+                             n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING,
+                             STEP, DOT)
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH)
 

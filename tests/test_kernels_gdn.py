@@ -187,6 +187,9 @@ CONFIGS = [
                               tiles_per_program=2, stages=2, flush_stages=2)),
     # 17 entries (a 32-entry system); nvfp4 copy: two passes over two chunks (amax first)
     (split("fp16-sr", "nvfp4", 17), dict(flush_chunk=16, flush_stages=2)),
+    # an nvfp4 checkpoint folded in two chunks: the second decodes with the old matrix
+    # scale although the first has already written the new one
+    (shared("nvfp4", 3), dict(flush_chunk=16, flush_stages=2)),
     # split launch: persistent flush over 16-row units; output programs stream the 4
     # 16-row tiles of a k-head group (3-stage pipeline)
     (split("fp32", "fp8-e4m3", 5), dict(launch="split", block_v=16, out_block_v=16,
