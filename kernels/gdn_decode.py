@@ -217,7 +217,9 @@ def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v
         vt = ring_round(tl.load(v_row + offs_v).to(tl.float32), RING)
         Vr = tl.where(tl.arange(0, RP)[None, :] == n, vt[:, None], Vr)
     P = _dot_exact_b(S, tl.trans(Kr), DOT)  # S_c k_i, (FB, RP)
-    rhs = br[None, :] * (Vr - ec[None, :] * P)
+    # explicit fma (no contraction left to the compiler): an nvfp4 flush computes these
+    # rows twice (amax pass, encode pass) and both must give the same bits
+    rhs = br[None, :] * tl.fma(-ec[None, :], P, Vr)
     D = tl.dot(rhs, tl.trans(Tm), input_precision="ieee")
     return _dot_exact_b(D * w[None, :], Kr, DOT, e_last * S)
 
