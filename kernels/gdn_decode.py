@@ -210,8 +210,11 @@ def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v
     checkpoint rows, ``D = RHS (I + N)^-T``, then ``e^{c_L} S_c + (w D) K``.  An nvfp4
     checkpoint decodes with ``s2_old``, its matrix scale read before the first chunk
     was rewritten."""
-    codes, sc, s2_now = load_tile(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, K, C_FMT)
-    S = decode_tile(codes, sc, s2_old, C_FMT, FB, K)
+    if C_FMT == K_NVFP4:
+        codes, sc, s2_now = load_tile(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, K, C_FMT)
+        S = decode_tile(codes, sc, s2_old, C_FMT, FB, K)
+    else:
+        S = load_state(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, C_FMT, FB, K)
     Vr = _ring_rows(ring_v, rbase, h, offs_v, valid, HV, V, RP, RING)
     if STEP:  # this step's entry, at ring position n
         vt = ring_round(tl.load(v_row + offs_v).to(tl.float32), RING)
@@ -527,7 +530,7 @@ def _flush_kernel(
         if pid == 0:
             tl.store(skip + offs_b, flag.to(tl.int32), mask=inb)
     fl = flag.to(tl.int32)
-    cum = tl.cumsum(fl, axis=0)
+    key = tl.where(flag, tl.cumsum(fl, axis=0), 0)  # j + 1 at the j-th flushing row
     NU: tl.constexpr = V // BVF
     units = tl.sum(fl, axis=0) * (HV * NU)
     u = pid
@@ -537,10 +540,13 @@ def _flush_kernel(
         part = u % NU
         # the unit's sequence, slot, entry count and SR step from the vectors above: the
         # unit's loads need no scalar round trip first
-        sel = flag & (cum == j + 1)
+        sel = key == j + 1
         bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0)
         slot = tl.sum(tl.where(sel, sl0, 0), axis=0)
-        n = tl.sum(tl.where(sel, nb, 0), axis=0)
+        if COMMIT:
+            n = tl.sum(tl.where(sel, nb, 0), axis=0)
+        else:
+            n = L - 1
         t = tl.sum(tl.where(sel, tb, 0), axis=0)
         hk = h // (HV // HK)
         mat = slot.to(tl.int64) * HV + h
