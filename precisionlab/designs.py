@@ -15,6 +15,8 @@ for the checkpoint and ``seed + 1`` for a split read copy.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +76,18 @@ def make_design(kind: str, fmt: str, window: int, checkpoint_format: str = "fp32
     return Design(kind, fmt, int(window), checkpoint_format)
 
 
+def store_state(
+    design: Design, S: torch.Tensor, seed: int, t: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checkpoint and read copy a flush at step ``t`` stores from the fresh fp32
+    state ``S`` (decoded to fp32; one tensor for both when the design is shared)."""
+    step = max(t, 0)
+    ckpt = formats.get(design.checkpoint_format).quantize(S, seed=seed, step=step)
+    if design.kind == "shared":
+        return ckpt, ckpt
+    return ckpt, formats.get(design.read_format).quantize(S, seed=seed + 1, step=step)
+
+
 class TorchDesignRunner:
     """Runs one design over a batch in torch emulation (fp32 arithmetic).
 
@@ -101,12 +115,7 @@ class TorchDesignRunner:
 
     def _store(self, S: torch.Tensor, t: int) -> None:
         """Round a fresh fp32 state into the checkpoint (and read copy)."""
-        step = max(t, 0)
-        self.ckpt = self.ckpt_format.quantize(S, seed=self.seed, step=step)
-        if self.design.kind == "shared":
-            self.read = self.ckpt
-        else:
-            self.read = self.read_format.quantize(S, seed=self.seed + 1, step=step)
+        self.ckpt, self.read = store_state(self.design, S, self.seed, t)
 
     def step(
         self, inp, t: int, raw: dict[str, torch.Tensor] | None = None
@@ -120,3 +129,73 @@ class TorchDesignRunner:
         self.ring.reset()
         self._store(S_new, t)
         return self.kind.read_output(S_new, inp, self.params), S_new
+
+
+def _repeat_batch(inp, copies: int):
+    """The kind's step inputs with the batch axis repeated ``copies`` times."""
+    if copies == 1:
+        return inp
+
+    def rep(t):
+        return None if t is None else t.repeat(copies, *([1] * (t.dim() - 1)))
+
+    return dataclasses.replace(
+        inp, **{f.name: rep(getattr(inp, f.name)) for f in dataclasses.fields(inp)}
+    )
+
+
+class TorchDesignGroup:
+    """Several designs with one window run as a single batch of ``designs x batch``
+    sequences: the same per-step math as :class:`TorchDesignRunner` on each design's
+    slice, launched once for the whole group (only flushes round per design).
+
+    ``step(inp, t)`` returns ``(y, fresh_state)`` with a leading design axis:
+    ``y`` is (designs, batch, ...); ``fresh_state`` is (designs, batch, ...) at a
+    flush step and ``None`` otherwise.
+    """
+
+    def __init__(
+        self,
+        designs: Sequence[Design],
+        kind: LayerKind,
+        params,
+        batch: int,
+        device: torch.device,
+        ring_dtype: torch.dtype,
+        seed: int = 0,
+        state0: torch.Tensor | None = None,
+    ):
+        windows = {d.window for d in designs}
+        if len(windows) != 1:
+            raise DesignError(f"a design group needs one window, got {sorted(windows)}")
+        self.designs, self.kind, self.params, self.seed = list(designs), kind, params, seed
+        self.batch, self.window = batch, windows.pop()
+        shape = kind.state_shape(batch)
+        S0 = state0 if state0 is not None else torch.zeros(shape, device=device)
+        copies = len(self.designs) * batch
+        self.ckpt = torch.empty((copies, *shape[1:]), dtype=torch.float32, device=device)
+        self.read = torch.empty_like(self.ckpt)
+        self._store_all(S0.to(torch.float32).expand(len(self.designs), *shape), t=-1)
+        self.ring = kind.new_ring(copies, self.window, ring_dtype, device)
+
+    def _store_all(self, S: torch.Tensor, t: int) -> None:
+        """Round each design's fresh state (designs, batch, ...) into its slices."""
+        for g, design in enumerate(self.designs):
+            rows = slice(g * self.batch, (g + 1) * self.batch)
+            self.ckpt[rows], self.read[rows] = store_state(design, S[g], self.seed, t)
+
+    def step(
+        self, inp, t: int, raw: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Advance every design of the group one decode step."""
+        n = len(self.designs)
+        inp = _repeat_batch(inp, n)
+        if self.ring.count + 1 < self.window:
+            y = self.kind.replay(self.read, self.ring, inp, self.params)
+            return y.view(n, self.batch, *y.shape[1:]), None
+        S_new = self.kind.flush(self.ckpt, self.ring, inp, self.params)
+        self.ring.reset()
+        S_new = S_new.view(n, self.batch, *S_new.shape[1:])
+        self._store_all(S_new, t)
+        y = self.kind.read_output(S_new.flatten(0, 1), inp, self.params)
+        return y.view(n, self.batch, *y.shape[1:]), S_new

@@ -7,12 +7,13 @@ streamed, and only per-step scalars are kept.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .designs import Design, TorchDesignRunner
+from .designs import Design, TorchDesignGroup
 from .kinds import kind_for, ring_dtype_of
 from .traces import Trace
 
@@ -68,20 +69,46 @@ def _triton_backend_available() -> bool:
     return True
 
 
-def make_runner(design: Design, kind, params, batch, device, ring_dtype, seed, state0, backend):
-    """Build a design runner on the chosen backend."""
+class _SingleLane:
+    """One kernel-backend runner seen as a group of one design."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def step(self, inp, t, raw):
+        y, S_new = self.runner.step(inp, t, raw)
+        return y[None], None if S_new is None else S_new[None]
+
+
+def make_lanes(designs: Sequence[Design], kind, params, batch, device, ring_dtype, seed, state0,
+               backend) -> list[tuple[list[int], object]]:
+    """Runners for ``designs`` as (design indices, runner) lanes.
+
+    On the torch backend designs that share a window run as one
+    :class:`TorchDesignGroup` (one launch per op for the whole group); on the triton
+    backend each design has its own fused-kernel runner.
+    """
     if backend == "triton":
         from .kernels.backend import make_triton_runner
 
-        return make_triton_runner(design, kind, params, batch, device, ring_dtype, seed, state0)
-    return TorchDesignRunner(design, kind, params, batch, device, ring_dtype, seed, state0)
+        return [([i], _SingleLane(make_triton_runner(d, kind, params, batch, device, ring_dtype,
+                                                      seed, state0)))
+                for i, d in enumerate(designs)]
+    by_window: dict[int, list[int]] = {}
+    for i, d in enumerate(designs):
+        by_window.setdefault(d.window, []).append(i)
+    return [(idx, TorchDesignGroup([designs[i] for i in idx], kind, params, batch, device,
+                                   ring_dtype, seed, state0))
+            for idx in by_window.values()]
 
 
-def _rel(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Per-sequence relative L2 norm over every non-batch axis."""
-    num = diff.flatten(1).norm(dim=1)
-    den = ref.flatten(1).norm(dim=1)
-    return num / den.clamp_min(torch.finfo(den.dtype).tiny)
+def _rel(diff: torch.Tensor, ref_norm: torch.Tensor) -> torch.Tensor:
+    """Relative L2 norm per (design, sequence) over every other axis."""
+    return diff.flatten(2).norm(dim=2) / ref_norm.clamp_min(torch.finfo(ref_norm.dtype).tiny)
+
+
+METRICS_LAG = 8
+"""Steps the host may run ahead of the GPU before it waits for a step's metrics."""
 
 
 def run(
@@ -111,26 +138,65 @@ def run(
     state0 = trace.state0.to(dev) if trace.state0 is not None else None
     S_ref = (state0.double().clone() if state0 is not None
              else torch.zeros(kind.state_shape(batch), dtype=torch.float64, device=dev))
-    runners = [
-        make_runner(d, kind, params32, batch, dev, rdt, seed, state0, be) for d in designs
-    ]
-    nan = torch.full((batch,), float("nan"), dtype=torch.float64, device=dev)
+    lanes = make_lanes(designs, kind, params32, batch, dev, rdt, seed, state0, be)
+    order = torch.tensor([i for idx, _ in lanes for i in idx], dtype=torch.long)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order))
+    inverse = inverse.to(dev)
+    nan = torch.full((1, batch), float("nan"), dtype=torch.float64, device=dev)
+    pending: deque[tuple[int, torch.Tensor, torch.cuda.Event | None]] = deque()
     for t, raw in enumerate(trace):
-        raw = {k: v.to(dev) for k, v in raw.items()}
+        raw = {k: _to_device(v, dev) for k, v in raw.items()}
         inp = kind.prepare(raw, params32, rdt)
         y_ref = kind.reference_step_(S_ref, inp.to(torch.float64), params64)
-        rows = []  # per design: rel_err (batch), state_rel_err (batch), abs_err_max
-        for r in runners:
-            y, S_new = r.step(inp, t, raw)
+        y_norm = y_ref.flatten(1).norm(dim=1)
+        s_norm = None
+        rows = []  # per lane: (designs, rel_err | state_rel_err | abs_err_max)
+        for idx, lane in lanes:
+            y, S_new = lane.step(inp, t, raw)
             diff = y.double() - y_ref
-            srel = nan if S_new is None else _rel(S_new.double() - S_ref, S_ref)
-            rows.append(torch.cat((_rel(diff, y_ref), srel, diff.abs().max()[None])))
-        table = torch.stack(rows).cpu() if rows else torch.empty(0, 2 * batch + 1)
-        yield StepMetrics(  # one device-to-host copy per step
-            step=t,
-            rel_err=table[:, :batch],
-            abs_err_max=table[:, 2 * batch],
-            state_rel_err=table[:, batch:2 * batch],
-        )
-        if on_step is not None:
-            on_step(t)
+            if S_new is None:
+                srel = nan.expand(len(idx), batch)
+            else:
+                s_norm = S_ref.flatten(1).norm(dim=1) if s_norm is None else s_norm
+                srel = _rel(S_new.double() - S_ref, s_norm)
+            abs_max = diff.flatten(1).abs().amax(1)[:, None]
+            rows.append(torch.cat((_rel(diff, y_norm), srel, abs_max), dim=1))
+        table = (torch.cat(rows)[inverse] if rows
+                 else torch.empty(0, 2 * batch + 1, dtype=torch.float64, device=dev))
+        pending.append(_to_host(t, table))
+        while len(pending) > (METRICS_LAG if dev.type == "cuda" else 0):
+            yield from _emit(pending.popleft(), batch, on_step)
+    while pending:
+        yield from _emit(pending.popleft(), batch, on_step)
+
+
+def _to_device(v: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    if dev.type == "cuda" and v.device.type == "cpu":
+        return v.pin_memory().to(dev, non_blocking=True)
+    return v.to(dev)
+
+
+def _to_host(t: int, table: torch.Tensor) -> tuple[int, torch.Tensor, torch.cuda.Event | None]:
+    """Start the step's one device-to-host copy; on CUDA it completes asynchronously."""
+    if table.device.type != "cuda":
+        return t, table, None
+    host = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
+    host.copy_(table, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return t, host, event
+
+
+def _emit(item, batch: int, on_step: Callable[[int], None] | None) -> Iterator[StepMetrics]:
+    t, table, event = item
+    if event is not None:
+        event.synchronize()
+    yield StepMetrics(
+        step=t,
+        rel_err=table[:, :batch],
+        abs_err_max=table[:, 2 * batch],
+        state_rel_err=table[:, batch:2 * batch],
+    )
+    if on_step is not None:
+        on_step(t)

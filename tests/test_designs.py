@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from precisionlab import engine, formats
-from precisionlab.designs import DesignError, TorchDesignRunner, make_design, shared, split
+from precisionlab.designs import (
+    DesignError,
+    TorchDesignGroup,
+    TorchDesignRunner,
+    make_design,
+    shared,
+    split,
+)
 from precisionlab.kinds import kind_for, ring_dtype_of
 from precisionlab.traces import SyntheticTrace
 
@@ -59,6 +66,47 @@ def test_split_recursion_never_sees_the_read_copy(model):
         else:  # GDN's flush recomputes d from the checkpoint: equal to fp32 rounding
             torch.testing.assert_close(s_b, s_a, rtol=1e-5, atol=1e-6)
     assert differs, "the nvfp4 read copy should change output-step outputs"
+
+
+@pytest.mark.parametrize("model", ["tiny-mamba2", "tiny-gdn"])
+def test_a_design_group_is_its_designs_run_one_by_one(model):
+    """The engine batches designs of one window into a group: every design's outputs,
+    fresh states and stored copies must be those of its own runner, bit for bit."""
+    trace, kind, params = _setup(model, steps=20, batch=3)
+    designs = [shared("fp8-e4m3", 4), split("fp16-sr", "nvfp4", 4), split("fp32", "mxfp4", 4)]
+    S0 = torch.randn(kind.state_shape(3))
+    group = TorchDesignGroup(designs, kind, params, 3, CPU, torch.bfloat16, seed=3, state0=S0)
+    alone = [TorchDesignRunner(d, kind, params, 3, CPU, torch.bfloat16, seed=3, state0=S0)
+             for d in designs]
+    flushes = 0
+    for t, raw in enumerate(trace):
+        inp = kind.prepare(raw, params, torch.bfloat16)
+        y, fresh = group.step(inp, t)
+        for g, runner in enumerate(alone):
+            y_g, fresh_g = runner.step(inp, t)
+            assert torch.equal(y[g], y_g)
+            assert (fresh is None) == (fresh_g is None)
+            if fresh is not None:
+                assert torch.equal(fresh[g], fresh_g)
+                assert torch.equal(group.read[3 * g:3 * g + 3], runner.read)
+                assert torch.equal(group.ckpt[3 * g:3 * g + 3], runner.ckpt)
+        flushes += fresh is not None
+    assert flushes == 5
+    with pytest.raises(DesignError, match="one window"):
+        TorchDesignGroup([shared("fp32", 4), shared("fp32", 8)], kind, params, 3, CPU,
+                         torch.bfloat16)
+
+
+def test_engine_keeps_the_callers_design_order_across_windows():
+    """Designs of different windows run in different groups; metrics come back in
+    the order the caller gave, equal to running each design on its own."""
+    trace = SyntheticTrace("tiny-gdn", steps=24, batch=2, seed=4)
+    designs = [shared("fp8-e4m3", 4), shared("nvfp4", 1), split("fp32", "fp8-e4m3", 4),
+               shared("bf16-sr", 6)]
+    together = torch.stack([m.rel_err for m in engine.run(trace, designs, device="cpu")])
+    for i, d in enumerate(designs):
+        alone = torch.stack([m.rel_err[0] for m in engine.run(trace, [d], device="cpu")])
+        assert torch.equal(together[:, i], alone)
 
 
 def test_shared_lossy_error_grows_but_split_stays_bounded():
