@@ -423,6 +423,8 @@ def bench(
     window: WindowOpt = None,
     steps: Annotated[int, typer.Option(help="Engine steps to time.")] = 64,
     device: Device = Device.auto,
+    backend: Annotated[Backend, typer.Option(
+        help="Engine backend to time (--what engine).")] = Backend.torch,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the results (.nc, .zarr or .json).")] = None,
 ) -> None:
@@ -433,7 +435,7 @@ def bench(
             from precisionlab.studies.bench_engine import bench_engine
 
             ds = bench_engine((model or ["nemotron-3-nano-4b"])[0], (batch or [8])[0], steps,
-                              device=device.value)
+                              device=device.value, backend=backend.value)
         else:
             ds = _bench_kernels(what.value, model, batch, window)
         _print_bench(ds)

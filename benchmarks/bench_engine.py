@@ -1,6 +1,7 @@
 """Emulated decode steps per second of the drift engine.
 
 Usage: python benchmarks/bench_engine.py [--model M] [--batch B] [--steps N] [--device D]
+                                         [--backend torch|triton|auto]
 The same as `precisionlab bench --what engine`.
 """
 
@@ -18,8 +19,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--backend", default="torch", choices=("torch", "triton", "auto"))
     args = ap.parse_args()
-    ds = bench_engine(args.model, args.batch, args.steps, device=args.device)
+    ds = bench_engine(args.model, args.batch, args.steps, device=args.device,
+                      backend=args.backend)
     print(json.dumps({**{k: float(v) for k, v in ds.data_vars.items()}, **ds.attrs}, indent=2))
 
 

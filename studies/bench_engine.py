@@ -39,6 +39,7 @@ def bench_engine(
     """
     designs = list(designs or default_designs())
     dev = engine.resolve_device(device)
+    backend = engine.resolve_backend(backend, dev)
     trace = SyntheticTrace(model, steps=warmup + steps, batch=batch, seed=0)
     it = engine.run(trace, designs, device=str(dev), backend=backend)
     for _ in range(warmup):
