@@ -24,50 +24,85 @@ import time
 
 # Launch configurations (keywords of kernels.gdn_decode.GDNReplayCache).  Batch 1: one
 # fused launch per step (16-row programs; an nvfp4 copy's flush needs whole matrices,
-# so its programs own 128 rows).  Large batches: a persistent flush launch over
-# whole-head units (16-row chunks, 2-stage pipeline, tf32x2 products) and an output
-# launch whose programs stream the tiles of one k-head group through a software
-# pipeline (out_tiles_per_program tiles of out_block_v rows, out_stages deep); register
-# caps give 3 (flush, verify) or 4 (output) programs per SM without spilling.
+# so its programs own 128 rows; ring tiles loaded eagerly, before the clock).  Large
+# batches: "staged" -- a persistent flush launch over whole-head units (16-row chunks,
+# 2-stage pipeline, tf32x2 products), a prep launch (one program per sequence and
+# k-head: ring products, coefficients) and an output launch of small tiles
+# (out_block_v rows, out_num_warps) that reads only its rows of the copy and of the
+# ring's d; register caps give 3 (flush) programs per SM without spilling.  Verify:
+# "staged" (a prep launch for the drafts' products, then one read of each tile).
 SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "fused", "block_v": 16, "num_warps": 2},
          "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 2},
          "split-fp16sr-nvfp4": {"launch": "fused", "block_v": 128, "num_warps": 4,
                                 "flush_chunk": 32},
-         "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2, "verify_stages": 1}}
-_FLUSH = {"launch": "split", "block_v": 128, "num_warps": 4, "flush_chunk": 16,
-          "flush_stages": 2, "maxnreg": 168, "flush_ctas_per_sm": 3, "out_maxnreg": 128}
+         "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2, "verify_stages": 1,
+                       "verify_launch": "single"}}
+_FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,
+          "maxnreg": 168, "flush_ctas_per_sm": 3}
+_OLD = {"launch": "split", **_FLUSH, "out_maxnreg": 128}  # the v2 output launch
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
-         "replay-fp32": {**_FLUSH, "out_block_v": 32, "out_num_warps": 4,
-                         "out_tiles_per_program": 8, "out_stages": 3},
-         "split-fp32-fp8": {**_FLUSH, "out_block_v": 64, "out_num_warps": 4,
-                            "out_tiles_per_program": 4, "out_stages": 3},
-         "split-fp16sr-nvfp4": {**_FLUSH, "out_block_v": 64, "out_num_warps": 4,
-                                "out_tiles_per_program": 4, "out_stages": 4},
+         "replay-fp32": {"launch": "staged", **_FLUSH, "out_block_v": 16, "out_num_warps": 2,
+                         "out_tiles_per_program": 1, "out_stages": 1},
+         "split-fp32-fp8": {"launch": "staged", **_FLUSH, "out_block_v": 32,
+                            "out_num_warps": 2, "out_tiles_per_program": 1, "out_stages": 1},
+         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 32,
+                                "out_num_warps": 2, "out_tiles_per_program": 1,
+                                "out_stages": 1},
          "verify-T4": {"verify_block_v": 32, "verify_num_warps": 4, "verify_stages": 2,
-                       "verify_maxnreg": 168}}
-# alternatives tried at (first model, batch 256, first window); the fastest is kept.
-# Tile counts per program assume 2 v-heads per k-head (qwen3.5): a k-head group holds
-# 2 * V / out_block_v tiles (other models: 1 is always valid).
+                       "verify_maxnreg": 168, "verify_launch": "staged"}}
+# keys of the output launch and of the flush launch: the sweep picks each group from
+# the candidate with the fastest output step / flush (all candidates but the v2
+# reference share the staged launch, so the flush kernels are the same)
+OUT_KEYS = ("launch", "out_block_v", "out_num_warps", "out_tiles_per_program", "out_stages",
+            "out_maxnreg", "eager", "prep_num_warps")
+FLUSH_KEYS = ("block_v", "num_warps", "flush_chunk", "flush_stages", "maxnreg",
+              "flush_ctas_per_sm", "dot_precision", "flush_licm")
+_OUT_ALTS = {"replay-fp32": [{"out_num_warps": 1}, {"out_block_v": 32, "out_num_warps": 4},
+                             {"out_block_v": 64, "out_num_warps": 4},
+                             {"out_tiles_per_program": 2, "out_stages": 2}],
+             "split-fp32-fp8": [{"out_block_v": 16}, {"out_block_v": 32, "out_num_warps": 4},
+                                {"out_block_v": 64, "out_num_warps": 4}],
+             "split-fp16sr-nvfp4": [{"out_block_v": 16, "out_num_warps": 1},
+                                    {"out_num_warps": 4}, {"out_block_v": 64, "out_num_warps": 4}]}
+_FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_chunk": 32, "num_warps": 8}, {"flush_licm": True},
+               {"maxnreg": 128, "flush_ctas_per_sm": 4}]
+# alternatives tried at (first model, batch 256, first window); the v2 launch
+# (``_OLD``) is timed as a reference.  Tile counts per program assume 2 v-heads per
+# k-head (qwen3.5).
 SWEEP = {
-    "replay-fp32": [{"out_stages": 2, "out_maxnreg": 96},
-                    {"out_block_v": 16, "out_tiles_per_program": 16, "out_stages": 4},
-                    {"dot_precision": "ieee", "maxnreg": 128, "flush_ctas_per_sm": 4},
-                    {"launch": "fused", "block_v": 32, "tiles_per_program": 8, "stages": 3,
-                     "maxnreg": 0}],
-    "split-fp32-fp8": [{"out_block_v": 32, "out_tiles_per_program": 8, "out_stages": 4},
-                       {"out_block_v": 128, "out_tiles_per_program": 2, "out_num_warps": 8},
-                       {"out_stages": 4, "out_maxnreg": 0},
-                       {"maxnreg": 128, "flush_ctas_per_sm": 4}],
-    "split-fp16sr-nvfp4": [{"out_block_v": 128, "out_tiles_per_program": 2,
-                            "out_num_warps": 8, "out_stages": 3},
-                           {"out_block_v": 32, "out_tiles_per_program": 8, "out_stages": 6},
-                           {"maxnreg": 0, "flush_ctas_per_sm": 2},
-                           {"out_maxnreg": 168}],
-    "verify-T4": [{"verify_block_v": 16, "verify_num_warps": 2},
-                  {"verify_maxnreg": 0},
-                  {"verify_stages": 1}],
+    "replay-fp32": [{**_OLD, "out_block_v": 32, "out_num_warps": 4, "out_tiles_per_program": 8,
+                     "out_stages": 3}] + _OUT_ALTS["replay-fp32"] + _FLUSH_ALTS,
+    "split-fp32-fp8": [{**_OLD, "out_block_v": 64, "out_num_warps": 4,
+                        "out_tiles_per_program": 4, "out_stages": 3}]
+    + _OUT_ALTS["split-fp32-fp8"] + _FLUSH_ALTS[:3],
+    "split-fp16sr-nvfp4": [{**_OLD, "out_block_v": 64, "out_num_warps": 4,
+                            "out_tiles_per_program": 4, "out_stages": 4}]
+    + _OUT_ALTS["split-fp16sr-nvfp4"] + [{"flush_licm": True},
+                                         {"maxnreg": 0, "flush_ctas_per_sm": 2}],
+    "verify-T4": [{"verify_launch": "single"}, {"verify_block_v": 16, "verify_num_warps": 2},
+                  {"verify_block_v": 64, "verify_num_warps": 4}],
 }
+
+
+def pick(variant: str, rows: list[dict]) -> dict:
+    """Overrides of ``variant`` from sweep rows: the output keys of the fastest output
+    step and the flush keys of the fastest flush (replay designs), or the whole fastest
+    configuration."""
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return {}
+    drop = ("us_per_step", "us_output", "us_flush", "us_commit")
+    best = min(ok, key=lambda r: r["us_per_step"])
+    if "us_output" not in best:
+        return {k: v for k, v in best.items() if k not in drop}
+    bo = min(ok, key=lambda r: r["us_output"])
+    same = [r for r in ok if r.get("launch") == bo.get("launch")] or ok
+    bf = min(same, key=lambda r: r["us_flush"])
+    cfg = {k: v for k, v in best.items() if k not in drop}
+    cfg.update({k: bo[k] for k in OUT_KEYS if k in bo})
+    cfg.update({k: bf[k] for k in FLUSH_KEYS if k in bf})
+    return cfg
 
 
 def configs_for(batches, overrides=None) -> dict:
@@ -145,7 +180,7 @@ def plan_sweep(model: str, window: int) -> list[tuple]:
     return jobs
 
 
-def sweep(model: str, window: int, out: str) -> dict:
+def sweep(model: str, window: int, out: str, deadline: float | None = None) -> dict:
     """Time the SWEEP alternatives at batch 256; returns per-variant overrides."""
     from precisionlab.studies.bench_gdn import sweep_configs
 
@@ -153,18 +188,16 @@ def sweep(model: str, window: int, out: str) -> dict:
     for variant, alts in SWEEP.items():
         base = LARGE[variant]
         cands = [base] + [{**base, **o} for o in alts]
-        rows = sweep_configs(model, 256, window, variant, cands, rounds=2, reps=10)
+        rows = sweep_configs(model, 256, window, variant, cands, rounds=2, reps=10,
+                             deadline=deadline)
         log[variant] = rows
-        ok = [r for r in rows if "error" not in r]
-        if ok:
-            bestr = min(ok, key=lambda r: r["us_per_step"])
-            over[variant] = {k: v for k, v in bestr.items()
-                             if k not in ("us_per_step", "us_output", "us_flush", "us_commit")}
-        print(f"sweep {variant}:")
+        over[variant] = pick(variant, rows)
+        print(f"sweep {variant}: picked {over[variant]}")
         for r in rows:
-            print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()})
-    with open(os.path.join(out, "gdn_sweep.json"), "w") as f:
-        json.dump({"rows": log, "picked": over}, f, indent=1)
+            print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()},
+                  flush=True)
+        with open(os.path.join(out, "gdn_sweep.json"), "w") as f:
+            json.dump({"rows": log, "picked": over}, f, indent=1)
     return over
 
 
@@ -194,6 +227,25 @@ def table(ds) -> str:
     return "\n".join(lines)
 
 
+def _start_tests(out: str, workers: int):
+    """The GDN kernel tests in a subprocess (log: OUT/gdn_tests.log)."""
+    import subprocess
+
+    log = open(os.path.join(out, "gdn_tests.log"), "w")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           "tests/test_kernels_gdn.py"] + (["-n", str(workers)] if workers > 1 else [])
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_tests(proc, out: str) -> None:
+    if proc is None:
+        return
+    rc = proc.wait()
+    with open(os.path.join(out, "gdn_tests.log")) as f:
+        tail = f.read().strip().splitlines()[-3:]
+    print(f"tests: exit {rc}", *tail, sep="\n  ", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -207,18 +259,41 @@ def main() -> None:
                     help="models that also run the extra windows (default: all)")
     ap.add_argument("--workers", type=int, default=10)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--sweep-variants", nargs="*", default=None,
+                    help="variants the sweep phase tunes (default: all in SWEEP)")
+    ap.add_argument("--tests", type=int, default=0, metavar="N",
+                    help="also run tests/test_kernels_gdn.py (N xdist workers) while the "
+                    "kernels compile; timing starts after they finish")
+    ap.add_argument("--budget", type=float, default=0.0,
+                    help="seconds from the start after which no new timing starts (0: none)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    deadline = time.time() + args.budget if args.budget else None
     phases = args.phase.split(",")
+    tests = _start_tests(args.out, args.tests) if args.tests else None
+    if args.sweep_variants is not None:
+        for v in list(SWEEP):
+            if v not in args.sweep_variants:
+                del SWEEP[v]
     over = {}
-    if "sweep" in phases:  # compile the alternatives in parallel, then time them
-        if "warm" in phases:
-            warm(plan_sweep(args.models[0], args.windows[0]), args.workers)
-        over = sweep(args.models[0], args.windows[0], args.out)
+    warmed = set()
+    if "warm" in phases:  # every kernel either phase may use, in one pool
+        jobs = plan(args.models, args.batches, args.windows, args.extra_windows,
+                    args.extra_models)
+        if "sweep" in phases:
+            jobs = plan_sweep(args.models[0], args.windows[0]) + jobs
+        warm(jobs, args.workers)
+        warmed = {repr(j) for j in jobs}
+    _wait_tests(tests, args.out)
+    tests = None
+    if "sweep" in phases:
+        over = sweep(args.models[0], args.windows[0], args.out, deadline)
     configs = configs_for(args.batches, over)
-    if "warm" in phases:  # the bench phase's kernels, with the configurations picked
-        warm(plan(args.models, args.batches, args.windows, args.extra_windows,
-                  args.extra_models, configs), args.workers)
+    if "warm" in phases:  # the picked combinations not compiled yet
+        jobs = [j for j in plan(args.models, args.batches, args.windows, args.extra_windows,
+                                args.extra_models, configs) if repr(j) not in warmed]
+        if jobs:
+            warm(jobs, args.workers)
     if "bench" in phases:
         from precisionlab.studies.bench_gdn import bench_gdn
 
@@ -231,7 +306,8 @@ def main() -> None:
 
         ds = bench_gdn(args.models, args.batches, args.windows,
                        extra_windows=args.extra_windows, extra_models=args.extra_models,
-                       configs=configs, on_result=on_result, device=args.device)
+                       configs=configs, on_result=on_result, device=args.device,
+                       deadline=deadline)
         stream.close()
         print(f"bench: {time.time() - t0:.1f}s", dict(ds.attrs))
         print(table(ds))

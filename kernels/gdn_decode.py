@@ -74,7 +74,9 @@ from .tl_common import (
     RING_FP16,
     RING_FP32,
     finish_slot,
+    ring_decode,
     ring_load,
+    ring_load_raw,
     ring_round,
     ring_store,
     softplus,
@@ -97,6 +99,7 @@ RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: 
 _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
                  torch.float16: torch.int16}
 DOT_PRECISIONS = ("tf32x2", "tf32x3", "ieee")
+LAUNCHES = ("fused", "split", "staged")
 
 
 # ---------------------------------------------------------------- device helpers
@@ -248,7 +251,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 BVF: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr, RP: tl.constexpr,
                 LOG2RP: tl.constexpr,
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
-                STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr):
+                STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
+                NOLICM: tl.constexpr = True):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -296,13 +300,13 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                     offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH)
     else:
         if AMAX:  # first pass: the matrix amax only (the second reads L2-hot data)
-            for c in tl.range(0, NC, num_stages=FNS, disable_licm=True):
+            for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
                 offs_v = v0 + c * FB + tl.arange(0, FB)
                 Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
                                  offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
                                  C_FMT, RING, STEP, DOT)
                 amax = tl.maximum(amax, matrix_amax(Sn))
-        for c in tl.range(0, NC, num_stages=FNS, disable_licm=True):
+        for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
             offs_v = v0 + c * FB + tl.arange(0, FB)
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v,
                              n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING,
@@ -331,21 +335,34 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
 
 
 @triton.jit
-def _out_tile(codes, sc, s2v, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, ring_k, ring_v, ring_d,
-              ring_g, ring_b, ring_kk, bidx, hk, h, vb, rbase, n, valid, q, k, kqs, kk, kq,
-              HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _tile_ring(ring_g, ring_d, rbase, h, offs_v, lmask, HV: tl.constexpr, V: tl.constexpr,
+               RP: tl.constexpr, RING: tl.constexpr):
+    """Raw ring g ``(RP,)`` of head h and d ``(RP, rows)`` (rows ``offs_v``) where
+    ``lmask`` (entries) holds; :func:`_out_tile` masks them by the live entries."""
+    offs_r = tl.arange(0, RP)
+    gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=lmask, other=0.0)
+    Dr = ring_load_raw(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
+                       + offs_v[None, :], lmask[:, None], RING)
+    return gr, Dr
+
+
+@triton.jit
+def _out_tile(codes, sc, s2v, gr, Dr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, ring_k, ring_v,
+              ring_d, ring_g, ring_b, ring_kk, bidx, hk, h, vb, rbase, n, valid, q, k, kqs, kk,
+              kq, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
               BV: tl.constexpr, L: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
               RING: tl.constexpr):
-    """Output rows ``vb * BV ..`` of head h from their loaded tile and the ring: ``o``,
-    ``d``; unless the slot flushes (n = L - 1), store o and append d, v (and, for the
-    head's first tile, g and beta; for the group's first head, k and its ring products)
-    at ring position n."""
+    """Output rows ``vb * BV ..`` of head h from their loaded tile and ring entries
+    (``gr``, ``Dr`` from :func:`_tile_ring`; entries outside ``valid`` are dropped
+    here): ``o``, ``d``; unless the slot flushes (n = L - 1), store o and append d, v
+    (and, for the head's first tile, g and beta; for the group's first head, k and its
+    ring products) at ring position n."""
     offs_v = vb * BV + tl.arange(0, BV)
     offs_r = tl.arange(0, RP)
     v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
     g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
-    gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
-    DrT = _ring_cols(ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
+    gr = tl.where(valid, gr, 0.0)
+    DrT = tl.where(valid[:, None], ring_decode(Dr, RING), 0.0)
     Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
     cum = tl.cumsum(gr, axis=0)
     Gs = tl.sum(gr, axis=0)
@@ -414,6 +431,7 @@ def _replay_kernel(
     R: tl.constexpr,
     RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
     RING: tl.constexpr, FUSED: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
+    EAGER: tl.constexpr,
 ):
     """One decode step of a plain replay cache.  Grid ``(HV * (V // BV) // TPP, B)``:
     program p of batch row b streams TPP consecutive tiles (BV rows of one v-head;
@@ -424,7 +442,12 @@ def _replay_kernel(
     slot flushes instead: its programs' own tiles (FUSED), or nothing (split launch:
     the flush launch before did it and set ``skip`` for the row, so this program loads
     nothing).  The clock: read at the start (L2), advanced by one fire-and-forget
-    atomic at the end, after a barrier (every warp has read it by then)."""
+    atomic at the end, after a barrier (every warp has read it by then).
+
+    EAGER (one-tile programs): the ring tiles (k, g, d) are loaded whole, right after
+    the slot index and together with the clock and the state tile, and masked by the
+    ring position in registers: no load waits for the clock (small batches, where the
+    chain of round trips is the step's time)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
@@ -443,28 +466,41 @@ def _replay_kernel(
         else:
             r_data, r_s1, r_s2 = c_data, c_s1, c_s2
             R_FMT: tl.constexpr = C_FMT
+        offs_k = tl.arange(0, K)
+        offs_r = tl.arange(0, RP)
+        rbase = slot.to(tl.int64) * R
         if TPP == 1:  # one tile: its load is the first after the slot's
             offs_v0 = (tau0 % NVB) * BV + tl.arange(0, BV)
             codes0, sc0, s20 = load_tile(r_data, r_s1, r_s2, slot.to(tl.int64) * HV + tau0 // NVB,
                                          offs_v0, (offs_v0 < V) & live, V, K, R_FMT)
+            if EAGER:  # every ring row, before the clock is back
+                lm = (offs_r < R) & live
+                Kraw = ring_load_raw(ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K)
+                                     + offs_k[None, :], lm[:, None], RING)
+                gr0, Dr0 = _tile_ring(ring_g, ring_d, rbase, tau0 // NVB, offs_v0, lm, HV, V,
+                                      RP, RING)
         clock = tl.load(tickets + slot, cache_modifier=".cg")
-        offs_k = tl.arange(0, K)
-        offs_r = tl.arange(0, RP)
         q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K,
                                 RING)
         kqs = tl.sum(k * q, axis=0)
         t = clock // (HV * NVB // TPP)
         n = t % L
-        rbase = slot.to(tl.int64) * R
         valid = (offs_r < n) & live
-        Kr = ring_load(ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K)
-                       + offs_k[None, :], valid[:, None], RING)
+        if EAGER and TPP == 1:
+            Kr = tl.where(valid[:, None], ring_decode(Kraw, RING), 0.0)
+        else:
+            Kr = ring_load(ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K)
+                           + offs_k[None, :], valid[:, None], RING)
         kk = tl.sum(Kr * k[None, :], axis=1)
         kq = tl.sum(Kr * q[None, :], axis=1)
         if TPP == 1:
-            _out_tile(codes0, sc0, s20, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, ring_k, ring_v,
-                      ring_d, ring_g, ring_b, ring_kk, bidx, hk, tau0 // NVB, tau0 % NVB, rbase,
-                      n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L, RP, R_FMT, RING)
+            if not EAGER:
+                gr0, Dr0 = _tile_ring(ring_g, ring_d, rbase, tau0 // NVB, offs_v0, valid, HV, V,
+                                      RP, RING)
+            _out_tile(codes0, sc0, s20, gr0, Dr0, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out,
+                      ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk, tau0 // NVB,
+                      tau0 % NVB, rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L, RP,
+                      R_FMT, RING)
         else:
             for i in tl.range(0, TPP, num_stages=NS):
                 tau = tau0 + i
@@ -472,10 +508,11 @@ def _replay_kernel(
                 offs_v = (tau % NVB) * BV + tl.arange(0, BV)
                 codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot.to(tl.int64) * HV + h,
                                            offs_v, (offs_v < V) & live, V, K, R_FMT)
-                _out_tile(codes, sc, s2v, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, ring_k,
-                          ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk, h, tau % NVB,
-                          rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L, RP, R_FMT,
-                          RING)
+                gr, Dr = _tile_ring(ring_g, ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
+                _out_tile(codes, sc, s2v, gr, Dr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out,
+                          ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk, h,
+                          tau % NVB, rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L,
+                          RP, R_FMT, RING)
         if FUSED:
             if n == L - 1:
                 for i in range(0, TPP):
@@ -493,6 +530,139 @@ def _replay_kernel(
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
 
+@triton.jit
+def _prep_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k, ring_g, ring_b, ring_kk,
+    tickets, pqk, pco, pn,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
+    RP: tl.constexpr, CW: tl.constexpr, RING: tl.constexpr, EAGER: tl.constexpr,
+):
+    """Staged launch, first of the output step: one program per (k-head, batch row).
+    Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
+    and computes the ring products ``k_i . k``, ``k_i . q`` once per k-head; per value
+    head of the group the gates, the decay weights ``w_i = e^{G - c_i}`` and the
+    output launch's coefficients ``w_i k_i . k``, ``w_i k_i . q`` (``pco`` row: those
+    two RP vectors, then ``e^G``, ``alpha``, ``beta``, ``k . q``).  Appends k, its
+    products, g and beta at ring position n and writes ``pn[b]`` = n (-1 where the
+    row flushes or has no slot: the output launch skips it).  Nothing is written for
+    a flushing row but the clock.  EAGER: the ring k tile is loaded whole, before the
+    clock is back, and masked in registers."""
+    hk = tl.program_id(0)
+    bidx = tl.program_id(1)
+    GRP: tl.constexpr = HV // HK
+    offs_k = tl.arange(0, K)
+    offs_r = tl.arange(0, RP)
+    slot = tl.load(state_idx + bidx)
+    if slot >= 0:
+        rbase = slot.to(tl.int64) * R
+        kptr = ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K) + offs_k[None, :]
+        if EAGER:
+            Kraw = ring_load_raw(kptr, (offs_r < R)[:, None], RING)
+        clock = tl.load(tickets + slot, cache_modifier=".cg")
+        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K,
+                                RING)
+        n = (clock // HK) % L
+        valid = offs_r < n
+        if EAGER:
+            Kr = tl.where(valid[:, None], ring_decode(Kraw, RING), 0.0)
+        else:
+            Kr = ring_load(kptr, valid[:, None], RING)
+        kk = tl.sum(Kr * k[None, :], axis=1)
+        kq = tl.sum(Kr * q[None, :], axis=1)
+        kqs = tl.sum(k * q, axis=0)
+        if n != L - 1:
+            pos = rbase + n
+            ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
+            tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0))
+            qb = pqk + (bidx * HK + hk) * (2 * K)
+            tl.store(qb + offs_k, q)
+            tl.store(qb + K + offs_k, k)
+            for j in tl.static_range(GRP):
+                h = hk * GRP + j
+                g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias,
+                                 h)
+                gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
+                cum = tl.cumsum(gr, axis=0)
+                Gs = tl.sum(gr, axis=0)
+                w = tl.where(valid, tl.exp(Gs - cum), 0.0)
+                cb = pco + (bidx * HV + h) * CW
+                tl.store(cb + offs_r, w * kk)
+                tl.store(cb + RP + offs_r, w * kq)
+                offs_s = tl.arange(0, 4)
+                sv = tl.where(offs_s == 0, tl.exp(Gs), tl.where(
+                    offs_s == 1, tl.exp(g), tl.where(offs_s == 2, beta, kqs)))
+                tl.store(cb + 2 * RP + offs_s, sv)
+                tl.store(ring_g + pos * HV + h, g)
+                tl.store(ring_b + pos * HV + h, beta)
+        if hk == 0:
+            tl.store(pn + bidx, tl.where(n != L - 1, n, -1))
+        tl.debug_barrier()  # every warp has read the clock: now advance it
+        tl.atomic_add(tickets + slot, 1, sem="relaxed")
+    else:
+        if hk == 0:
+            tl.store(pn + bidx, -1)
+
+
+@triton.jit
+def _out_kernel(
+    v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    TPP: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
+    FMT: tl.constexpr, RING: tl.constexpr,
+):
+    """Staged launch, second of the output step.  Grid ``(HV * (V // BV) // TPP, B)``:
+    TPP tiles of BV rows (one k-head group) of the stored copy.  Everything a tile
+    needs besides its rows of the copy and of the ring's d comes from the prep
+    launch (``pqk``: q, k; ``pco``: the head's ring coefficients and scalars;
+    ``pn``: the ring position), so every load is issued once the slot index and the
+    position (two independent loads) are back, and no program reduces over the
+    ring's k.  Stores o and appends d, v at ring position n.  Rows with ``pn < 0``
+    load and store nothing."""
+    pid = tl.program_id(0)
+    bidx = tl.program_id(1)
+    NVB: tl.constexpr = V // BV
+    GRP: tl.constexpr = HV // HK
+    tau0 = pid * TPP
+    hk = tau0 // (GRP * NVB)
+    slot = tl.load(state_idx + bidx)
+    n = tl.load(pn + bidx)
+    live = (slot >= 0) & (n >= 0)
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    rbase = slot64 * R
+    offs_r = tl.arange(0, RP)
+    offs_k = tl.arange(0, K)
+    valid = offs_r < n
+    qb = pqk + (bidx * HK + hk) * (2 * K)
+    q = tl.load(qb + offs_k)
+    k = tl.load(qb + K + offs_k)
+    pos = rbase + n
+    for i in tl.range(0, TPP, num_stages=NS):
+        tau = tau0 + i
+        h = tau // NVB
+        offs_v = (tau % NVB) * BV + tl.arange(0, BV)
+        mrow = (offs_v < V) & live
+        codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K, FMT)
+        Dr = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
+                       + offs_v[None, :], valid[:, None] & mrow[None, :], RING)
+        cb = pco + (bidx * HV + h) * CW
+        ck = tl.load(cb + offs_r)
+        cq = tl.load(cb + RP + offs_r)
+        eG = tl.load(cb + 2 * RP)
+        alpha = tl.load(cb + 2 * RP + 1)
+        beta = tl.load(cb + 2 * RP + 2)
+        kqs = tl.load(cb + 2 * RP + 3)
+        v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
+                               other=0.0).to(tl.float32), RING)
+        Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
+        Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
+        Sq = eG * Sq0 + tl.sum(Dr * cq[:, None], axis=0)
+        d = beta * (v - alpha * Sk)
+        o = alpha * Sq + d * kqs
+        tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
+        ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
+        ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
+
+
 @triton.jit(do_not_specialize=["seed", "B"])
 def _flush_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, accepted, skip, out,
@@ -502,7 +672,7 @@ def _flush_kernel(
     FB: tl.constexpr, FNS: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     LOG2RP: tl.constexpr, BP: tl.constexpr, PCLK: tl.constexpr,
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
-    COMMIT: tl.constexpr, DOT: tl.constexpr,
+    COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -555,7 +725,7 @@ def _flush_kernel(
             _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                         ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
                         0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                        RING, False, FRESH, DOT)
+                        RING, False, FRESH, DOT, NOLICM)
         else:
             q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                     K, RING)
@@ -564,7 +734,7 @@ def _flush_kernel(
                         ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
                         out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                         beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                        RING, True, FRESH, DOT)
+                        RING, True, FRESH, DOT, NOLICM)
         u += G
 
 
@@ -647,6 +817,145 @@ def _verify_kernel(
             cum = tl.where(offs_r == m, A_in, cum)
 
 
+@triton.jit
+def _vprep_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k, ring_g, ring_b, ring_kk,
+    ring_len, pqk, pco, pn,
+    T: tl.constexpr, TP: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr, RING: tl.constexpr,
+):
+    """Staged verify, first launch: one program per (k-head, batch row) prepares the T
+    drafts' q and k, their products with the committed ring entries and the earlier
+    drafts (``k_i . k_j``, ``k_i . q_j``), and per value head of the group and draft
+    the coefficients ``w_ji k_i . k_j``, ``w_ji k_i . q_j`` (``w_ji = e^{A_j - c_i}``)
+    and scalars ``e^{A_j}``, ``alpha_j``, ``beta_j``, ``k_j . q_j`` (``pco`` row ``b T +
+    j``); writes the drafts' k, products, g and beta behind the commit pointer and
+    ``pn[b]`` = committed entries (-1: no slot)."""
+    hk = tl.program_id(0)
+    bidx = tl.program_id(1)
+    GRP: tl.constexpr = HV // HK
+    offs_k = tl.arange(0, K)
+    offs_r = tl.arange(0, RP)
+    offs_t = tl.arange(0, TP)
+    slot = tl.load(state_idx + bidx)
+    if slot >= 0:
+        n = tl.load(ring_len + slot)
+        rbase = slot.to(tl.int64) * R
+        Kall = ring_load(ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K)
+                         + offs_k[None, :], (offs_r < n)[:, None], RING)
+        KKt = tl.zeros((TP, RP), dtype=tl.float32)
+        KQt = tl.zeros((TP, RP), dtype=tl.float32)
+        KQS = tl.zeros((TP,), dtype=tl.float32)
+        for j in tl.static_range(T):
+            m = n + j
+            valid = offs_r < m
+            row = bidx * T + j
+            q, k, qn, kn = _prep_qk(q_ptr + (row * HK + hk) * K, k_ptr + (row * HK + hk) * K,
+                                    K, RING)
+            kk = tl.where(valid, tl.sum(Kall * k[None, :], axis=1), 0.0)
+            kq = tl.where(valid, tl.sum(Kall * q[None, :], axis=1), 0.0)
+            qb = pqk + (row * HK + hk) * (2 * K)
+            tl.store(qb + offs_k, q)
+            tl.store(qb + K + offs_k, k)
+            pos = rbase + m
+            ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
+            tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, kk)
+            KKt = tl.where(offs_t[:, None] == j, kk[None, :], KKt)
+            KQt = tl.where(offs_t[:, None] == j, kq[None, :], KQt)
+            KQS = tl.where(offs_t == j, tl.sum(k * q, axis=0), KQS)
+            Kall = tl.where(offs_r[:, None] == m, k[None, :], Kall)
+        for jj in tl.static_range(GRP):
+            h = hk * GRP + jj
+            gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=offs_r < n, other=0.0)
+            cum = tl.cumsum(gr, axis=0)  # log-decay through each entry (drafts added below)
+            A_in = tl.sum(gr, axis=0)  # log-decay before the current draft
+            for j in tl.static_range(T):
+                m = n + j
+                valid = offs_r < m
+                row = bidx * T + j
+                g, beta = _gates(a_ptr + row * HV + h, b_ptr + row * HV + h, A_log, dt_bias, h)
+                sel = offs_t[:, None] == j
+                kk = tl.sum(tl.where(sel, KKt, 0.0), axis=0)
+                kq = tl.sum(tl.where(sel, KQt, 0.0), axis=0)
+                kqs = tl.sum(tl.where(offs_t == j, KQS, 0.0), axis=0)
+                w = tl.where(valid, tl.exp(A_in - cum), 0.0)
+                cb = pco + (row * HV + h) * CW
+                tl.store(cb + offs_r, w * kk)
+                tl.store(cb + RP + offs_r, w * kq)
+                offs_s = tl.arange(0, 4)
+                sv = tl.where(offs_s == 0, tl.exp(A_in), tl.where(
+                    offs_s == 1, tl.exp(g), tl.where(offs_s == 2, beta, kqs)))
+                tl.store(cb + 2 * RP + offs_s, sv)
+                pos = rbase + m
+                tl.store(ring_g + pos * HV + h, g)
+                tl.store(ring_b + pos * HV + h, beta)
+                A_in = A_in + g
+                cum = tl.where(offs_r == m, A_in, cum)
+        if hk == 0:
+            tl.store(pn + bidx, n)
+    else:
+        if hk == 0:
+            tl.store(pn + bidx, -1)
+
+
+@triton.jit
+def _vout_kernel(
+    v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
+    T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr, FMT: tl.constexpr,
+    RING: tl.constexpr,
+):
+    """Staged verify, second launch.  Grid ``(HV * (V // BV), B)``: one tile of BV rows,
+    read once and kept packed in registers; draft j reduces it against its k and q,
+    adds the ring's d rows (committed entries and drafts 0..j-1, joined in registers)
+    weighted by the prep launch's coefficients, and writes o and its d, v behind the
+    commit pointer."""
+    pid = tl.program_id(0)
+    bidx = tl.program_id(1)
+    NVB: tl.constexpr = V // BV
+    GRP: tl.constexpr = HV // HK
+    h = pid // NVB
+    hk = h // GRP
+    slot = tl.load(state_idx + bidx)
+    n = tl.load(pn + bidx)
+    live = (slot >= 0) & (n >= 0)
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    rbase = slot64 * R
+    offs_r = tl.arange(0, RP)
+    offs_k = tl.arange(0, K)
+    offs_v = (pid % NVB) * BV + tl.arange(0, BV)
+    mrow = (offs_v < V) & live
+    codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K, FMT)
+    Dall = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
+                     + offs_v[None, :], (offs_r < n)[:, None] & mrow[None, :], RING)
+    for j in tl.static_range(T):
+        row = bidx * T + j
+        qb = pqk + (row * HK + hk) * (2 * K)
+        q = tl.load(qb + offs_k)
+        k = tl.load(qb + K + offs_k)
+        cb = pco + (row * HV + h) * CW
+        ck = tl.load(cb + offs_r)
+        cq = tl.load(cb + RP + offs_r)
+        eA = tl.load(cb + 2 * RP)
+        alpha = tl.load(cb + 2 * RP + 1)
+        beta = tl.load(cb + 2 * RP + 2)
+        kqs = tl.load(cb + 2 * RP + 3)
+        v = ring_round(tl.load(v_ptr + (row * HV + h) * V + offs_v, mask=mrow,
+                               other=0.0).to(tl.float32), RING)
+        Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
+        Sk = eA * Sk0 + tl.sum(Dall * ck[:, None], axis=0)
+        Sq = eA * Sq0 + tl.sum(Dall * cq[:, None], axis=0)
+        d = beta * (v - alpha * Sk)
+        o = alpha * Sq + d * kqs
+        dr = ring_round(d, RING)
+        m = n + j
+        pos = rbase + m
+        tl.store(out + (row * HV + h) * V + offs_v, o, mask=mrow)
+        ring_store(ring_d + (pos * HV + h) * V + offs_v, dr, mrow, RING)
+        ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
+        Dall = tl.where(offs_r[:, None] == m, dr[None, :], Dall)
+
+
 # ------------------------------------------------------------------------- host
 def _pow2_at_least(n: int, lo: int = 2) -> int:
     return max(lo, triton.next_power_of_2(max(1, n)))
@@ -697,14 +1006,16 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     out_maxnreg=None, verify_maxnreg=None, flush_ctas_per_sm=4,
                     out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
-                    verify_stages=1)
+                    verify_stages=1, eager=True, prep_num_warps=2,
+                    verify_launch="single", flush_licm=False)
     obv = min(V, _OUT_BV.get(read or checkpoint, 64))
     return dict(launch="split", block_v=V, num_warps=4, maxnreg=168, tiles_per_program=1,
                 stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=128, verify_maxnreg=168,
                 flush_ctas_per_sm=3,
                 out_block_v=obv, out_num_warps=4,
                 out_tiles_per_program=(v_heads // k_heads) * (V // obv), out_stages=3,
-                verify_block_v=min(V, 32), verify_num_warps=4, verify_stages=2)
+                verify_block_v=min(V, 32), verify_num_warps=4, verify_stages=2, eager=True,
+                prep_num_warps=2, verify_launch="single", flush_licm=False)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -830,7 +1141,8 @@ class GDNReplayCache:
         flush_stages: int | None = None, dot_precision: str = "tf32x2",
         flush_ctas_per_sm: int | None = None, maxnreg: int | None = None,
         out_maxnreg: int | None = None, verify_maxnreg: int | None = None,
-        keep_fresh: bool = False,
+        eager: bool | None = None, prep_num_warps: int | None = None,
+        verify_launch: str | None = None, flush_licm: bool | None = None, keep_fresh: bool = False,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -857,7 +1169,9 @@ class GDNReplayCache:
                      out_num_warps=out_num_warps, out_tiles_per_program=out_tiles_per_program,
                      out_stages=out_stages, flush_stages=flush_stages, maxnreg=maxnreg,
                      out_maxnreg=out_maxnreg, verify_maxnreg=verify_maxnreg,
-                     flush_ctas_per_sm=flush_ctas_per_sm,
+                     flush_ctas_per_sm=flush_ctas_per_sm, eager=eager,
+                     prep_num_warps=prep_num_warps, verify_launch=verify_launch,
+                     flush_licm=flush_licm,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -871,8 +1185,15 @@ class GDNReplayCache:
         self.config = cfg
         """The launch configuration in use (keywords of this class)."""
         self.launch = cfg["launch"]
-        if self.launch not in ("fused", "split"):
-            raise ValueError(f"launch must be 'fused' or 'split', got {self.launch!r}")
+        if self.launch not in LAUNCHES:
+            raise ValueError(f"launch must be one of {LAUNCHES}, got {self.launch!r}")
+        self.eager, self.prep_num_warps = bool(cfg["eager"]), cfg["prep_num_warps"]
+        self.verify_launch = cfg["verify_launch"]
+        self.flush_licm = bool(cfg["flush_licm"])
+        if self.verify_launch not in ("single", "staged"):
+            raise ValueError(f"verify_launch must be 'single' or 'staged', got "
+                             f"{self.verify_launch!r}")
+        self._vscratch = None
         self.BV, self.num_warps = cfg["block_v"], cfg["num_warps"]
         self.TPP, self.stages = cfg["tiles_per_program"], cfg["stages"]
         self.out_BV, self.out_num_warps = cfg["out_block_v"], cfg["out_num_warps"]
@@ -914,13 +1235,26 @@ class GDNReplayCache:
                      if dev.type == "cuda" else 2)
         self.flush_ctas_per_sm = cfg["flush_ctas_per_sm"]
         self._skip = torch.zeros(max(slots, batch_hint or 0), dtype=torch.int32, device=device)
+        self.CW = 2 * self.RP + 8
+        self._scratch = self._staged_scratch(max(slots, batch_hint or 0), device)
         self.fresh = (torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh
                       else None)
         """fp32 state of each slot's last flush (``keep_fresh=True``), for inspection."""
 
+    def _staged_scratch(self, B: int, device) -> tuple[torch.Tensor, ...]:
+        """The staged launch's per-step buffers: prepared q, k per (row, k-head); ring
+        coefficients and scalars per (row, v-head); the ring position per row."""
+        if self.launch != "staged":
+            return ()
+        return (torch.zeros((B, self.HK, 2 * self.K), dtype=torch.float32, device=device),
+                torch.zeros((B, self.HV, self.CW), dtype=torch.float32, device=device),
+                torch.zeros((B,), dtype=torch.int32, device=device))
+
     @property
     def programs_per_slot(self) -> int:
         """Programs per slot of the launch that advances the clock."""
+        if self.launch == "staged":
+            return self.HK
         if self.launch == "fused":
             return self.HV * (self.V // self.BV) // self.TPP
         return self.HV * (self.V // self.out_BV) // self.out_TPP
@@ -986,6 +1320,9 @@ class GDNReplayCache:
         if not fused:
             self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices, out,
                         commit=False)
+        if self.launch == "staged":
+            self._staged(q, k, v, a, b, A_log, dt_bias, state_indices, out)
+            return out
         if fused:
             bv, nw, tpp, ns = self.BV, self.num_warps, self.TPP, self.stages
             mr = self.maxnreg
@@ -997,10 +1334,30 @@ class GDNReplayCache:
             self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
             self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
             min(self.FB, bv), self.flush_stages, self.L, self.R, self.RP, self.LOG2RP, c.fmt_id,
-            f_id, self.ring_id, fused, self.fresh is not None, self.dot, num_warps=nw,
-            maxnreg=mr,
+            f_id, self.ring_id, fused, self.fresh is not None, self.dot,
+            self.eager and tpp == 1, num_warps=nw, maxnreg=mr,
         )
         return out
+
+    def _staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out) -> None:
+        """The staged output step: the prep launch, then the output launch."""
+        B = q.shape[0]
+        if self._scratch[0].shape[0] < B:
+            self._scratch = self._staged_scratch(B, q.device)
+        pqk, pco, pn = self._scratch
+        _prep_kernel[(self.HK, B)](
+            q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
+            self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
+            self.R, self.RP, self.CW, self.ring_id, self.eager,
+            num_warps=self.prep_num_warps,
+        )
+        r = self.read if self.read is not None else self.ckpt
+        bv, tpp = self.out_BV, self.out_TPP
+        _out_kernel[(self.HV * (self.V // bv) // tpp, B)](
+            v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
+            self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.R, self.RP, self.CW,
+            r.fmt_id, self.ring_id, num_warps=self.out_num_warps, maxnreg=self.out_maxnreg,
+        )
 
     def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, commit: bool
                ) -> None:
@@ -1017,7 +1374,8 @@ class GDNReplayCache:
             self.HK, self.HV, self.K, self.V, self.BV, self.FB, self.flush_stages, self.L, self.R,
             self.RP,
             self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
-            self.ring_id, self.fresh is not None, commit, self.dot, num_warps=self.num_warps,
+            self.ring_id, self.fresh is not None, commit, self.dot, not self.flush_licm,
+            num_warps=self.num_warps,
             maxnreg=self.maxnreg,
         )
 
@@ -1031,6 +1389,9 @@ class GDNReplayCache:
         if out is None:
             out = torch.empty((B, T, self.HV, self.V), dtype=torch.float32, device=q.device)
         r = self.read if self.read is not None else self.ckpt
+        if self.verify_launch == "staged":
+            self._verify_staged(q, k, v, a, b, A_log, dt_bias, state_indices, out, r, T)
+            return out
         _verify_kernel[(self.V // self.verify_BV, B * self.HV)](
             q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(),
             A_log, dt_bias, state_indices, out, *r.kernel_args(),
@@ -1040,6 +1401,33 @@ class GDNReplayCache:
             num_warps=self.verify_num_warps, maxnreg=self.verify_maxnreg,
         )
         return out
+
+    def _verify_staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out, r, T: int
+                       ) -> None:
+        """Verify as two launches: per (row, k-head) the drafts' products and
+        coefficients, then one read of each tile for all drafts."""
+        B = q.shape[0]
+        dev = q.device
+        if self._vscratch is None or self._vscratch[2].shape[0] < B or \
+                self._vscratch[0].shape[0] < B * T:
+            self._vscratch = (
+                torch.zeros((B * T, self.HK, 2 * self.K), dtype=torch.float32, device=dev),
+                torch.zeros((B * T, self.HV, self.CW), dtype=torch.float32, device=dev),
+                torch.zeros((B,), dtype=torch.int32, device=dev))
+        pqk, pco, pn = self._vscratch
+        q, k, v, a, b = (t.contiguous() for t in (q, k, v, a, b))
+        _vprep_kernel[(self.HK, B)](
+            q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
+            self.ring_kk, self.counters.ring_len, pqk, pco, pn, T, _pow2_at_least(T, 2),
+            self.HK, self.HV, self.K, self.R, self.RP, self.CW, self.ring_id,
+            num_warps=self.prep_num_warps,
+        )
+        bv = self.verify_BV
+        _vout_kernel[(self.HV * (self.V // bv), B)](
+            v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
+            T, self.HK, self.HV, self.K, self.V, bv, self.R, self.RP, self.CW, r.fmt_id,
+            self.ring_id, num_warps=self.verify_num_warps, maxnreg=self.verify_maxnreg,
+        )
 
     def commit(self, accepted: torch.Tensor, state_indices: torch.Tensor) -> None:
         """Advance each sequence's commit pointer by ``accepted`` (B,) int32 drafts;

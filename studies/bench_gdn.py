@@ -257,7 +257,8 @@ def time_verify(s: Shape, clock: Clock, T: int, L: int, cfg: dict | None = None
     from precisionlab.kernels.gdn_decode import GDNReplayCache
 
     cfg = {k: v for k, v in (cfg or {}).items()
-           if k in ("verify_block_v", "verify_num_warps", "verify_stages")}
+           if k in ("verify_block_v", "verify_num_warps", "verify_stages", "verify_maxnreg",
+                    "verify_launch", "prep_num_warps")}
     x = _inputs(s, clock.device, T=T)
     cache = GDNReplayCache(s.batch, s.HK, s.HV, s.K, s.V, window=L, checkpoint="fp32",
                            drafts=T, device=clock.device, **cfg)
@@ -287,6 +288,7 @@ def bench_gdn(
     configs: dict | None = None,
     device: str = "cuda",
     on_result: Callable[[dict], None] | None = None,
+    deadline: float | None = None,
 ) -> xr.Dataset:
     """Per-step decode time of every variant, model, batch and window.
 
@@ -297,8 +299,13 @@ def bench_gdn(
     ``us_output_first`` / ``us_output_last`` (ring positions 0 and L-2),
     ``bytes_per_step``, ``eff_TBps``, ``frac_roofline``, ``speedup_vs_fla`` and
     ``us_commit`` (verify); attrs hold the device, versions and measured bandwidths.
+    ``deadline`` (a ``time.time()`` value): variants not started by then are left NaN.
     """
     dev = torch.device(device)
+
+    def late() -> bool:
+        return deadline is not None and time.time() > deadline
+
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise BenchError("the GDN kernel benchmark needs a CUDA device")
     for v in variants:
@@ -333,6 +340,8 @@ def bench_gdn(
             conv_us = float("nan")
             for vi, var in enumerate(variants):
                 cfg = _cfg(configs, var, batch)
+                if late():
+                    continue
                 if var in ("conventional", "fla"):
                     if var == "fla" and not has_fla:
                         continue
@@ -405,7 +414,7 @@ def _meta(dev: torch.device, bw: dict, has_fla: bool, rounds: int, reps: int,
 
 def sweep_configs(model: str, batch: int, window: int, variant: str,
                   configs: Sequence[dict], *, device: str = "cuda", rounds: int = 2,
-                  reps: int = 10) -> list[dict]:
+                  reps: int = 10, deadline: float | None = None) -> list[dict]:
     """Time one variant under several launch configurations (tuning aid): a list of
     ``{**config, "us_per_step", "us_output", "us_flush"}``."""
     dev = torch.device(device)
@@ -413,6 +422,9 @@ def sweep_configs(model: str, batch: int, window: int, variant: str,
     s = shape_of(model, batch)
     rows = []
     for cfg in configs:
+        if deadline is not None and time.time() > deadline:
+            rows.append({**cfg, "error": "skipped: past the deadline"})
+            continue
         try:
             if variant == "conventional":
                 us = time_conventional(s, clock, cfg)

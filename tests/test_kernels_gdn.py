@@ -194,6 +194,14 @@ CONFIGS = [
     # 16-row tiles of a k-head group (3-stage pipeline)
     (split("fp32", "fp8-e4m3", 5), dict(launch="split", block_v=16, out_block_v=16,
                                         out_tiles_per_program=4, out_stages=3)),
+    # staged launch: flush, prep (ring products and coefficients per k-head), output
+    # programs of 16-row tiles (two per program, 2-stage pipeline)
+    (split("fp32", "fp8-e4m3", 5), dict(launch="staged", block_v=16, out_block_v=16,
+                                        out_tiles_per_program=2, out_stages=2)),
+    # staged, the production window, masked (not eager) ring loads in the prep launch
+    (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=32, eager=False)),
+    # staged with an nvfp4 read copy (whole-matrix flush units)
+    (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=16)),
 ]
 
 
@@ -252,7 +260,8 @@ def test_backend_matches_torch_runner() -> None:
 
 
 # ------------------------------------------------------------------ speculative
-def test_spec_accepted_outputs_equal_plain_decoding() -> None:
+@pytest.mark.parametrize("vl", ["single", "staged"])
+def test_spec_accepted_outputs_equal_plain_decoding(vl: str) -> None:
     """Verify T drafts (rejected ones are junk), commit a random accepted count: the
     accepted outputs equal plain decoding (shared fp32, fp32 ring: equal to fp32
     rounding, whenever either path flushes)."""
@@ -263,7 +272,7 @@ def test_spec_accepted_outputs_equal_plain_decoding() -> None:
 
     def cache(drafts: int) -> GDNReplayCache:
         c = GDNReplayCache(2, HK, HV, K, V, window=L, drafts=drafts, device=DEV, block_v=32,
-                           verify_block_v=16, ring_dtype=torch.float32)
+                           verify_block_v=16, ring_dtype=torch.float32, verify_launch=vl)
         c.reset(S0[[1, 0]])
         return c
 
@@ -298,7 +307,8 @@ def test_spec_accepted_outputs_equal_plain_decoding() -> None:
     assert spec.steps[idx.long()].tolist() == pos
 
 
-def test_verify_and_commit_flush_on_a_read_copy() -> None:
+@pytest.mark.parametrize("vl", ["single", "staged"])
+def test_verify_and_commit_flush_on_a_read_copy(vl: str) -> None:
     """Split design (fp8 read copy): each draft's output and ring d equal
     ``layers.gdn.replay_step`` on the decoded read copy and the ring; a commit that
     reaches the window folds all committed entries (6 > L) like ``layers.gdn.fold``
@@ -309,7 +319,7 @@ def test_verify_and_commit_flush_on_a_read_copy() -> None:
     live = idx.long()
     cache = GDNReplayCache(2, HK, HV, K, V, window=L, drafts=T, read="fp8-e4m3", seed=3,
                            device=DEV, block_v=32, verify_block_v=16,
-                           ring_dtype=torch.float32, keep_fresh=True)
+                           ring_dtype=torch.float32, keep_fresh=True, verify_launch=vl)
     cache.reset(state0(B)[[1, 0]])
     inps = [kind.prepare(r, params, torch.float32) for r in raws]
     for r0 in (0, T):
