@@ -45,16 +45,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--mamba-ssm-path", default=None)
+    ap.add_argument("--kernels", nargs="+", default=None,
+                    help="subset of conventional mamba_ssm replay-fp32 split-fp32-fp8 "
+                         "split-fp16sr-nvfp4 verify-T4")
+    ap.add_argument("--tune-batch", type=int, default=256)
+    ap.add_argument("--phase", choices=["bench", "warm"], default="bench",
+                    help="warm: only compile the tuning candidates (Triton's disk cache); "
+                         "run several with --shard i --shards n side by side first")
+    ap.add_argument("--shard", type=int, default=0)
+    ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--out", default="bench_mamba2.json")
     ap.add_argument("--nc", default=None, help="also write the Dataset (.nc / .zarr)")
     args = ap.parse_args(argv)
 
-    from precisionlab.studies.bench_mamba2 import bench_mamba2, bench_mamba2_results
+    from precisionlab.studies.bench_mamba2 import (
+        KERNELS,
+        bench_mamba2,
+        bench_mamba2_results,
+        warm_mamba2,
+    )
 
     t0 = time.time()
+    kernels = tuple(args.kernels or KERNELS)
+    if args.phase == "warm":
+        n = warm_mamba2(args.models, batches=[args.tune_batch], window=args.windows[0],
+                        kernels=kernels, shard=args.shard, shards=args.shards)
+        print(f"warm shard {args.shard}/{args.shards}: {n} jobs, {time.time() - t0:.1f} s")
+        return 0
     ds = bench_mamba2(args.models, args.batches, args.windows,
                       extra_windows=args.extra_windows, rounds=args.rounds,
-                      tune=not args.no_tune, mamba_ssm_path=args.mamba_ssm_path)
+                      tune=not args.no_tune, tune_batch=args.tune_batch, kernels=kernels,
+                      mamba_ssm_path=args.mamba_ssm_path)
     res = bench_mamba2_results(ds)
     res["attrs"]["command"] = " ".join(sys.argv)
     res["attrs"]["wall_s"] = round(time.time() - t0, 1)

@@ -21,7 +21,10 @@ traffic, no second launch, no grid barrier).
 
 Counters: a plain cache advances a per-slot clock with one fire-and-forget atomic
 per program (``k = clock // programs_per_slot`` is the step, ``k mod L`` the ring
-position; see ``tl_common``).  Speculative caches keep explicit ``ring_len`` /
+position; see ``tl_common``), issued at the program's end behind a barrier: every
+warp reads the clock at the start and uses it throughout, and without the barrier
+a slow warp could read the value after its own program's increment (and, for the
+slot's last program, compute the next step).  Speculative caches keep explicit ``ring_len`` /
 ``steps`` that only the commit kernel writes.
 """
 
@@ -41,6 +44,7 @@ from .tl_common import (
     ring_store,
 )
 from .tl_formats import (
+    K_NVFP4,
     decode_tile,
     load_codes,
     load_state,
@@ -76,12 +80,18 @@ def _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.
 
 
 @triton.jit
-def _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_h, HP, offs_r, n_ring, last, w, eB,
-                x_cur, c_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr,
+def _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, n_ring, last, w,
+                eB, x_cur, c_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr,
                 RING: tl.constexpr, CUR: tl.constexpr):
     """Fresh fp32 state of ``FB`` rows: ``exp(Lambda) S_c + sum_i (w_i x_i) B_i^T`` over
-    ring entries ``[0, n_ring)`` (and entry ``c_cur`` = ``x_cur`` when ``CUR``)."""
-    S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
+    ring entries ``[0, n_ring)`` (and entry ``c_cur`` = ``x_cur`` when ``CUR``).  An nvfp4
+    checkpoint is decoded with ``s2_old``, its matrix scale read before the flush
+    rewrote any chunk (a later chunk must not see the new scale)."""
+    if CK_FMT == K_NVFP4:
+        codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
+        S = tl.where(m[:, None], decode_tile(codes, s1, s2_old, CK_FMT, FB, N), 0.0)
+    else:
+        S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
     mr = offs_r < n_ring
     ex = ring_load(rx_h + offs_r[:, None] * HP + rows[None, :], mr[:, None] & m[None, :], RING)
     if CUR:
@@ -135,8 +145,7 @@ def mamba2_kernel(
                               BLOCK_P, N)
 
     if MODE == K_MODE_STEP:
-        clock = tl.load(tickets + slot)
-        tl.atomic_add(tickets + slot, 1)  # result unused: no round trip waited on
+        clock = tl.load(tickets + slot)  # advanced at the program's end, after a barrier
         k_step = clock // (H // HPP)
         c = k_step % L
         t = k_step
@@ -168,21 +177,24 @@ def mamba2_kernel(
                 rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
                 edt = tl.where(offs_r == c, dt_h, rdt)
                 last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
+                s2_old = 0.0
+                if CK_FMT == K_NVFP4:
+                    s2_old = tl.load(ck_s2 + mat)
                 amax = 0.0
                 if NEED_AMAX:  # nvfp4 matrix scale: amax of the head's fresh state
                     for qq in range(NQ):
                         rows = qq * FB + tl.arange(0, FB)
                         m = rows < P
                         x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
-                        Sn = _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_b + h * P, HP,
-                                         offs_r, c, last, w, eB, x_c, c, CK_FMT, FB, N, RING,
-                                         True)
+                        Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
+                                         rx_b + h * P, HP, offs_r, c, last, w, eB, x_c, c,
+                                         CK_FMT, FB, N, RING, True)
                         amax = tl.maximum(amax, matrix_amax(Sn))
                 for qq in range(NQ):
                     rows = qq * FB + tl.arange(0, FB)
                     m = rows < P
                     x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
-                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_b + h * P, HP,
+                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_b + h * P, HP,
                                      offs_r, c, last, w, eB, x_c, c, CK_FMT, FB, N, RING, True)
                     y = tl.sum(Sn * C_t[None, :], axis=1)
                     z_c = 0.0
@@ -248,6 +260,10 @@ def mamba2_kernel(
                 A_h, D_h, dtb = A2, D2, dtb2
             if h0 % hpg == 0:
                 ring_store(rB_b + c * (G * N) + offs_n, B_t, offs_n < N, RING)
+        # every warp of the program has read (and used) the clock: only now advance it,
+        # so no warp can see this program's own increment
+        tl.debug_barrier()
+        tl.atomic_add(tickets + slot, 1, sem="relaxed")
     else:
         # ======================= speculative verify =============================
         if c + T > L:  # fold the committed entries first (they fill the window)
@@ -258,19 +274,22 @@ def mamba2_kernel(
                 A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
                 rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
                 last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
+                s2_old = 0.0
+                if CK_FMT == K_NVFP4:
+                    s2_old = tl.load(ck_s2 + mat)
                 amax = 0.0
                 if NEED_AMAX:
                     for qq in range(NQ):
                         rows = qq * FB + tl.arange(0, FB)
                         m = rows < P
-                        Sn = _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_b + h * P, HP,
-                                         offs_r, c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING,
-                                         False)
+                        Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
+                                         rx_b + h * P, HP, offs_r, c, last, w, rB, 0.0, 0,
+                                         CK_FMT, FB, N, RING, False)
                         amax = tl.maximum(amax, matrix_amax(Sn))
                 for qq in range(NQ):
                     rows = qq * FB + tl.arange(0, FB)
                     m = rows < P
-                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, mat, rows, m, P, rx_b + h * P, HP,
+                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_b + h * P, HP,
                                      offs_r, c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
                     store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t - 1, amax,
                                 CK_FMT, FB, N)

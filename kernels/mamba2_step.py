@@ -11,13 +11,14 @@ step counters live in device tensors that the kernels themselves advance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
 
 from .codec import as_int32
 from .mamba2_conv import mamba2_conv_kernel
+from .mamba2_fast import m2_flush_kernel, m2_out_kernel
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
@@ -52,6 +53,47 @@ def default_heads_per_program(slots: int, heads: int, groups: int, sms: int = 13
     return best
 
 
+SPLIT_MIN_ROWS = 1024
+"""Default launch of a replay cache: "split" when slots * heads reaches this, else "fused"."""
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Launch configuration of the split replay step (None: the defaults below).
+
+    Output launch: ``block_p`` rows per tile, ``num_warps``, ``tiles_per_program``
+    (must divide a B/C group's tiles; None = one head), ``stages`` (software
+    pipeline depth of the tile loop).  Flush launch: ``flush_rows`` per chunk,
+    ``flush_chunks`` per unit (None = a whole head), ``flush_stages``,
+    ``flush_warps``, ``flush_ctas_per_sm`` (persistent programs per SM),
+    ``dot`` ("tf32x2", "tf32x3" or "ieee"; None = tf32x2 for a 16-bit ring)."""
+
+    block_p: int | None = None
+    num_warps: int | None = None
+    tiles_per_program: int | None = None
+    stages: int = 3
+    flush_rows: int = 16
+    flush_chunks: int | None = None
+    flush_stages: int = 1
+    flush_warps: int = 4
+    flush_ctas_per_sm: int = 4
+    dot: str | None = None
+    maxnreg: int | None = None
+    flush_maxnreg: int | None = None
+
+
+_SMS: dict[str, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2
+    key = str(device)
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[key]
+
+
 @dataclass
 class Mamba2Cache:
     """Device state of one replay design for a pool of ``slots`` sequences.
@@ -61,8 +103,10 @@ class Mamba2Cache:
     come from the per-slot clock ``tickets`` (advanced by every replay step); a
     ``speculative`` cache has two ring halves and explicit ``ring_len`` (committed
     entries | half << 16) and ``steps`` that only :func:`mamba2_commit` writes.
-    ``heads_per_program`` fixes the replay kernel's work split (the clock counts
-    programs), so it is chosen once per cache.
+    ``heads_per_program`` fixes the one-launch kernel's work split (its clock counts
+    programs), so it is chosen once per cache.  ``launch`` is "fused" (one launch
+    per step, :mod:`mamba2_kernel`) or "split" (a flush launch and an output launch,
+    :mod:`mamba2_fast`; the clock counts steps); also fixed per cache.
     """
 
     ckpt: StateStore
@@ -77,6 +121,9 @@ class Mamba2Cache:
     heads_per_program: int = 1
     seed: int = 0
     fresh: torch.Tensor | None = None
+    launch: str = "fused"
+    split_config: SplitConfig = field(default_factory=SplitConfig)
+    pos: torch.Tensor | None = None
 
     @classmethod
     def allocate(
@@ -96,10 +143,13 @@ class Mamba2Cache:
         keep_fresh: bool = False,
         speculative: bool = False,
         heads_per_program: int | None = None,
+        launch: str | None = None,
+        split_config: SplitConfig | None = None,
     ) -> Mamba2Cache:
         """Zero state, empty rings.  ``read_format=None`` is a shared design;
         ``keep_fresh`` also keeps the fp32 state of every flush in ``fresh``;
-        ``speculative`` gives each slot two ring halves (verify/commit only)."""
+        ``speculative`` gives each slot two ring halves (verify/commit only);
+        ``launch``: "fused" or "split" (None: split from ``SPLIT_MIN_ROWS`` slot-heads)."""
         shape = (slots, heads, headdim, dstate)
         if ring_dtype not in _RING_IDS:
             raise ValueError(f"ring dtype must be fp32, bf16 or fp16, got {ring_dtype}")
@@ -109,6 +159,10 @@ class Mamba2Cache:
         if (heads // groups) % hpp:
             raise ValueError(f"heads_per_program {hpp} must divide heads per group "
                              f"{heads // groups}")
+        if launch is None:
+            launch = "split" if slots * heads >= SPLIT_MIN_ROWS else "fused"
+        if launch not in ("fused", "split"):
+            raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
         i32 = dict(dtype=torch.int32, device=device)
         cap = 2 * window if speculative else window
         cache = cls(
@@ -124,6 +178,8 @@ class Mamba2Cache:
             heads_per_program=hpp,
             seed=seed,
             fresh=torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh else None,
+            launch=launch,
+            split_config=split_config or SplitConfig(),
         )
         cache.load_state(torch.zeros(shape, dtype=torch.float32, device=device))
         return cache
@@ -147,6 +203,9 @@ class Mamba2Cache:
 
     @property
     def programs_per_slot(self) -> int:
+        """Increments of a slot's clock per replay step."""
+        if self.launch == "split":
+            return 1
         return self.shape[1] // self.heads_per_program
 
     def steps_taken(self) -> torch.Tensor:
@@ -289,6 +348,97 @@ def launch_replay(
     )
 
 
+def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
+                    ring_id: int, need_amax: bool) -> SplitConfig:
+    """Fill the None fields of a split launch configuration (H200-tuned defaults)."""
+    bp = cfg.block_p
+    if bp is None:
+        bp = 64 if P % 64 == 0 else (32 if P % 32 == 0 else 16)
+    bp = max(16, min(bp, triton.next_power_of_2(P)))
+    npb = triton.cdiv(P, bp)
+    nw = cfg.num_warps or (4 if bp * N <= 4096 or _BYTES_BY_ID[rd_id] < 2 else 8)
+    tpp = cfg.tiles_per_program or npb
+    if (npb * (H // G)) % tpp:
+        raise ValueError(f"tiles_per_program {tpp} must divide a group's {npb * (H // G)} tiles")
+    fc = cfg.flush_chunks
+    if fc is None or need_amax:
+        fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
+    dot = cfg.dot or ("tf32x3" if ring_id == RING_FP32 else "tf32x2")
+    return replace(cfg, block_p=bp, num_warps=nw, tiles_per_program=tpp, flush_chunks=fc,
+                   dot=dot)
+
+
+def launch_split_step(
+    cache: Mamba2Cache,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    params: HeadParams,
+    *,
+    z: torch.Tensor | None,
+    out: torch.Tensor,
+    state_indices: torch.Tensor,
+    dt_softplus: bool,
+    config: SplitConfig | None = None,
+) -> None:
+    """One replay step as two launches: the persistent flush launch (rows at ring
+    position L - 1; writes each row's position to ``cache.pos``), then the output
+    launch (rows at other positions; advances the clocks)."""
+    ckpt, read = cache.ckpt, cache.read
+    slots, H, P, N = ckpt.shape
+    if N & (N - 1) or N < 16:
+        raise ValueError(f"dstate must be a power of two >= 16, got {N}")
+    _check_inputs(x, dt, B, C, z, out)
+    batch = x.shape[0]
+    G = B.shape[-2]
+    rd = read if read is not None else ckpt
+    ring_id = _RING_IDS[cache.ring_x.dtype]
+    need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
+    cfg = _split_defaults(config or cache.split_config, P, N, H, G, rd.fmt_id, ring_id,
+                          need_amax)
+    rx, rB = cache.ring_x, cache.ring_B
+    if ring_id != RING_FP32:
+        rx, rB = rx.view(torch.int16), rB.view(torch.int16)
+    L, LR = cache.window, cache.ring_x.shape[1]
+    if cache.pos is None or cache.pos.numel() < batch or cache.pos.device != x.device:
+        cache.pos = torch.zeros(max(batch, 1), dtype=torch.int32, device=x.device)
+    RB = max(16, triton.next_power_of_2(L))
+    zz = z if z is not None else x
+    D = params.D if params.D is not None else params.A
+    dtb = params.dt_bias if params.dt_bias is not None else params.A
+    strides = (x.stride(0), dt.stride(0), B.stride(0), C.stride(0),
+               z.stride(0) if z is not None else 0, out.stride(0))
+    flags = dict(HAS_Z=z is not None, HAS_D=params.D is not None,
+                 HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus)
+    fb, nq = cfg.flush_rows, cfg.flush_chunks
+    uph = triton.cdiv(P, fb * nq)
+    nprog = max(1, min(batch * H * uph, _sm_count(x.device) * cfg.flush_ctas_per_sm))
+    extra = {} if cfg.flush_maxnreg is None else {"maxnreg": cfg.flush_maxnreg}
+    m2_flush_kernel[(nprog,)](
+        *ckpt.kernel_args(), *rd.kernel_args(),
+        cache.fresh if cache.fresh is not None else ckpt.codes,
+        rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
+        x, dt, B, C, zz, out, params.A, D, dtb,
+        as_int32(cache.seed), as_int32(cache.seed + 1), *strides,
+        batch, H, G, P, L, LR,
+        N=N, BP=max(16, triton.next_power_of_2(batch)), FB=fb, NQ=nq, UPH=uph, RB=RB,
+        NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None,
+        RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax, DOT=cfg.dot,
+        num_warps=cfg.flush_warps, **flags, **extra,
+    )
+    bp, tpp = cfg.block_p, cfg.tiles_per_program
+    npb = triton.cdiv(P, bp)
+    extra = {} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
+    m2_out_kernel[(H * npb // tpp, batch)](
+        *rd.kernel_args(), rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
+        x, dt, B, C, zz, out, params.A, D, dtb, *strides,
+        H, G, P, L, LR,
+        N=N, BLOCK_P=bp, NPB=npb, TPP=tpp, NS=cfg.stages, RB=RB, RD_FMT=rd.fmt_id, RING=ring_id,
+        num_warps=cfg.num_warps, **flags, **extra,
+    )
+
+
 def mamba2_step(
     cache: Mamba2Cache,
     x: torch.Tensor,
@@ -303,8 +453,10 @@ def mamba2_step(
     out: torch.Tensor | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
+    split_config: SplitConfig | None = None,
 ) -> torch.Tensor:
-    """One replay decode step for a batch (one launch; output or flush per slot).
+    """One replay decode step for a batch (output or flush chosen per slot on the
+    device; one launch for a "fused" cache, two for a "split" one).
 
     ``x, z``: (batch, heads, P); ``dt``: (batch, heads) (raw when ``dt_softplus``,
     then ``softplus(dt + dt_bias)`` is applied); ``B, C``: (batch, groups, N);
@@ -318,8 +470,16 @@ def mamba2_step(
     idx = state_indices if state_indices is not None else slot_indices(x.shape[0], x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    launch_replay(MODE_STEP, cache, x, dt, B, C, params, z=z, out=out, state_indices=idx, T=1,
-                  dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps)
+    if cache.launch == "split":
+        cfg = split_config or cache.split_config
+        if block_p is not None or num_warps is not None:
+            cfg = replace(cfg, block_p=block_p or cfg.block_p,
+                          num_warps=num_warps or cfg.num_warps)
+        launch_split_step(cache, x, dt, B, C, params, z=z, out=out, state_indices=idx,
+                          dt_softplus=dt_softplus, config=cfg)
+    else:
+        launch_replay(MODE_STEP, cache, x, dt, B, C, params, z=z, out=out, state_indices=idx,
+                      T=1, dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps)
     return out
 
 

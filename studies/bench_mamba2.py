@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from precisionlab.kernels.mamba2_step import SPLIT_MIN_ROWS
 from precisionlab.presets import get_preset
 
 KERNELS = ("conventional", "mamba_ssm", "replay-fp32", "split-fp32-fp8", "split-fp16sr-nvfp4",
@@ -39,13 +40,52 @@ ANCHOR_PEER_US = {("nemotron-3-super-120b", 256): 615.5, ("nemotron-3-nano-4b", 
                   ("nemotron-3-super-120b", 64): 154.5, ("nemotron-3-nano-4b", 64): 147.0}
 """mamba_ssm selective_state_update on an H200 (shared/anchors/h200-peers-*.json)."""
 
-# (block_p, num_warps) tried at the tuning batch, the best used at every batch; replay
-# caches take the default heads per program for their batch
-CANDIDATES: dict[str, list[tuple[int | None, int | None]]] = {
+# launch configurations tried at the tuning batch (the best one is used at every batch):
+# conventional / verify: (block_p, num_warps); replay kernels: dicts with "launch"
+# ("fused": the one-launch kernel, keys block_p / num_warps; "split": flush + output
+# launches, the other keys are SplitConfig fields).  A replay cache of a batch where
+# the candidate's launch does not apply (fused below SPLIT_MIN_ROWS slot-heads is the
+# default) keeps the candidate anyway: the tuned one runs at every batch.
+_F = dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128)
+CANDIDATES: dict[str, list] = {
     "conventional": [(16, 4), (8, 4)],
-    "replay-fp32": [(32, 4), (16, 4)],
-    "split-fp32-fp8": [(64, 8), (32, 4)],
-    "split-fp16sr-nvfp4": [(64, 16), (64, 8)],
+    "replay-fp32": [
+        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F},
+        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, **_F},
+        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F,
+         "flush_ctas_per_sm": 3, "flush_maxnreg": None},
+        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F,
+         "flush_stages": 3, "flush_maxnreg": None},
+        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F,
+         "flush_warps": 8, "flush_maxnreg": None},
+        {"launch": "fused", "block_p": 32, "num_warps": 4},
+    ],
+    "split-fp32-fp8": [
+        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, **_F},
+        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F},
+        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 3, **_F},
+        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 4, **_F},
+        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, "maxnreg": 64, **_F},
+        {"launch": "split", "block_p": 16, "num_warps": 2, "stages": 4, **_F},
+        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, "tiles_per_program": 1,
+         **_F},
+        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, **_F,
+         "flush_warps": 8, "flush_maxnreg": None},
+        {"launch": "fused", "block_p": 32, "num_warps": 4},
+    ],
+    "split-fp16sr-nvfp4": [
+        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 3, **_F,
+         "flush_stages": 1, "flush_maxnreg": None, "flush_ctas_per_sm": 3},
+        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, **_F,
+         "flush_stages": 1, "flush_maxnreg": None, "flush_ctas_per_sm": 3},
+        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 4, **_F,
+         "flush_stages": 2, "flush_maxnreg": None, "flush_ctas_per_sm": 3},
+        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 3, **_F,
+         "flush_stages": 1, "flush_maxnreg": 128},
+        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 3, **_F,
+         "flush_stages": 1, "flush_warps": 8, "flush_maxnreg": None, "flush_ctas_per_sm": 2},
+        {"launch": "fused", "block_p": 64, "num_warps": 8},
+    ],
     "verify-T4": [(32, 4), (16, 4)],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",
@@ -199,20 +239,40 @@ class _Runner:
                                 dt_bias=dtb, dt_softplus=True, state_batch_indices=idx))
         return [self.timer.median(g, 4 * self.rounds)]
 
-    def replay(self, prob: _Problem, ck: str, rd: str | None, L: int, cfg) -> list[float]:
-        from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache, mamba2_step
+    def replay(self, prob: _Problem, ck: str, rd: str | None, L: int, cfg,
+               compile_only: bool = False) -> list[float]:
+        from precisionlab.kernels.mamba2_step import (
+            HeadParams,
+            Mamba2Cache,
+            SplitConfig,
+            mamba2_step,
+        )
         from precisionlab.timing import capture
 
+        cfg = _as_replay_cfg(cfg)
+        launch = cfg.get("launch")
+        split_cfg = SplitConfig(**{k: v for k, v in cfg.items() if k != "launch"})
         cache = Mamba2Cache.allocate(prob.batch, prob.H, prob.P, prob.N, prob.G,
                                      checkpoint_format=ck, read_format=rd, window=L,
-                                     device=prob.device, seed=1)
+                                     device=prob.device, seed=1, launch=launch,
+                                     split_config=split_cfg)
         cache.load_state(prob.state())
         inp = prob.step_inputs()
         head = HeadParams(prob.A, prob.D, prob.dt_bias)
         out = torch.empty_like(inp["x"])
-        g = capture(lambda: mamba2_step(cache, inp["x"], inp["dt"], inp["B"], inp["C"], head,
-                                        z=inp["z"], dt_softplus=True, out=out,
-                                        block_p=cfg[0], num_warps=cfg[1]))
+        bp = cfg.get("block_p") if cache.launch == "fused" else None
+        nw = cfg.get("num_warps") if cache.launch == "fused" else None
+
+        def fn():
+            return mamba2_step(cache, inp["x"], inp["dt"], inp["B"], inp["C"], head,
+                               z=inp["z"], dt_softplus=True, out=out, block_p=bp, num_warps=nw)
+
+        if compile_only:  # both branches (output steps, flush) compile on first use
+            for _ in range(L):
+                fn()
+            torch.cuda.synchronize()
+            return []
+        g = capture(fn)
         for t in (cache.ring_len, cache.steps, cache.tickets):
             t.zero_()
         self.timer.replays(g, L)  # one untimed window; back at ring position 0
@@ -243,7 +303,10 @@ class _Runner:
         self.timer.replays(g, 1 + period)  # committed count now T: the cycle starts
         return self.timer.cycle(g, period, self.rounds)
 
-    def run(self, kernel: str, prob: _Problem, L: int, cfg, ssu) -> list[float]:
+    def run(self, kernel: str, prob: _Problem, L: int, cfg, ssu,
+            compile_only: bool = False) -> list[float]:
+        if compile_only and kernel in ("conventional", "mamba_ssm", "verify-T4"):
+            return []
         if kernel == "conventional":
             return self.conventional(prob, cfg)
         if kernel == "mamba_ssm":
@@ -251,7 +314,41 @@ class _Runner:
         if kernel == "verify-T4":
             return self.verify(prob, L, 4, cfg)
         ck, rd = DESIGNS[kernel]
-        return self.replay(prob, ck, rd, L, cfg)
+        return self.replay(prob, ck, rd, L, cfg, compile_only)
+
+
+def _as_replay_cfg(cfg) -> dict:
+    """A replay candidate as a dict (a (block_p, num_warps) pair is a fused one)."""
+    if cfg is None:
+        return {}
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    return {"launch": "fused", "block_p": cfg[0], "num_warps": cfg[1]}
+
+
+def warm_mamba2(models: Sequence[str] = MODELS, *, batches: Sequence[int] = (256,),
+                window: int = 16, kernels: Sequence[str] = KERNELS, shard: int = 0,
+                shards: int = 1, device: str = "cuda", log: Callable[[str], None] = print
+                ) -> int:
+    """Compile (into Triton's on-disk cache) every replay candidate of ``CANDIDATES``
+    at these shapes, taking every ``shards``-th job from ``shard``: run several of
+    these processes side by side, then :func:`bench_mamba2` finds its kernels
+    compiled.  Returns the number of jobs run."""
+    runner = _Runner(None, 1, log)
+    dev = torch.device(device)
+    jobs = [(m, b, k, c) for m in models for b in batches for k in kernels
+            if k in DESIGNS and k != "verify-T4" for c in CANDIDATES.get(k, [])]
+    done = 0
+    for i, (m, b, k, c) in enumerate(jobs):
+        if i % shards != shard:
+            continue
+        try:
+            runner.run(k, _Problem(m, b, dev), window, c, None, compile_only=True)
+        except Exception as e:  # the timing phase reports it
+            log(f"warm {m} b{b} {k} {c}: {type(e).__name__}: {str(e)[:200]}")
+        done += 1
+        torch.cuda.empty_cache()
+    return done
 
 
 def _bytes_of(kernel: str, prob: _Problem, L: int) -> list[float]:
@@ -312,6 +409,7 @@ def bench_mamba2(
     data = {v: np.full(shape, np.nan) for v in VARS}
     positions: dict[str, list[float]] = {}
     chosen: dict[str, list] = {}
+    tuning: dict[str, dict] = {}
     errors: dict[str, str] = {}
     runner = _Runner(timer, rounds, log)
 
@@ -324,17 +422,24 @@ def bench_mamba2(
                 continue
             prob = _Problem(model, tune_batch, dev)
             best = None
-            for cfg in cands:
+            for ci, cfg in enumerate(cands):
                 try:
-                    us = float(np.mean(runner.run(k, prob, windows[0], cfg, ssu)))
+                    times = runner.run(k, prob, windows[0], cfg, ssu)
+                    us = float(np.mean(times))
                 except Exception as e:  # a config that does not compile or fit
                     log(f"  tune {model} {k} {cfg}: failed ({type(e).__name__}: {e})")
+                    tuning[f"{model}/{k}/{ci}"] = {"cfg": cfg, "error": str(e)[:300]}
                     continue
-                log(f"  tune {model} {k} block_p={cfg[0]} warps={cfg[1]}: {us:.1f} us")
+                rec = {"cfg": cfg, "us_step": round(us, 2)}
+                if len(times) > 1:
+                    rec["us_output"] = round(float(np.mean(times[:-1])), 2)
+                    rec["us_flush"] = round(times[-1], 2)
+                tuning[f"{model}/{k}/{ci}"] = rec
+                log(f"  tune {model} {k} {cfg}: {rec}")
                 if best is None or us < best[0]:
                     best = (us, cfg)
             cfgs[k] = best[1] if best else cands[0]
-            chosen[f"{model}/{k}"] = list(cfgs[k])
+            chosen[f"{model}/{k}"] = cfgs[k] if isinstance(cfgs[k], dict) else list(cfgs[k])
         for bi, batch in enumerate(batches):
             prob = _Problem(model, batch, dev)
             for wi, L in enumerate(all_windows):
@@ -343,8 +448,13 @@ def bench_mamba2(
                 for ki, k in enumerate(kernels):
                     if L != windows[0] and k in ("conventional", "mamba_ssm", "verify-T4"):
                         continue
+                    cfg = cfgs.get(k, (None, None))
+                    if k in DESIGNS and k != "verify-T4" and batch * prob.H < SPLIT_MIN_ROWS:
+                        # small batches: the one-launch kernel (its tuned candidate if any)
+                        cfg = next((c for c in CANDIDATES.get(k, []) if isinstance(c, dict)
+                                    and c.get("launch") == "fused"), {"launch": "fused"})
                     try:
-                        times = runner.run(k, prob, L, cfgs.get(k, (None, None)), ssu)
+                        times = runner.run(k, prob, L, cfg, ssu)
                     except Exception as e:  # keep the rest of the table
                         log(f"{model} b{batch} L{L} {k}: FAILED {type(e).__name__}: {e}")
                         errors[f"{model}/b{batch}/L{L}/{k}"] = f"{type(e).__name__}: {e}"
@@ -352,8 +462,9 @@ def bench_mamba2(
                     nbytes = _bytes_of(k, prob, L)
                     r = _result(times, nbytes, k not in ("conventional", "mamba_ssm"),
                                 bw["copy_TBps"], bw["read_TBps"])
-                    r["block_p"], r["num_warps"] = (np.nan if v is None else v
-                                                    for v in cfgs.get(k, (None, None)))
+                    if isinstance(cfg, dict):
+                        cfg = (cfg.get("block_p"), cfg.get("num_warps"))
+                    r["block_p"], r["num_warps"] = (np.nan if v is None else v for v in cfg)
                     for v, val in r.items():
                         data[v][mi, bi, wi, ki] = val
                     positions[f"{model}/b{batch}/L{L}/{k}"] = [round(t, 2) for t in times]
@@ -378,6 +489,7 @@ def bench_mamba2(
         "read_TBps": bw["read_TBps"], "torch_copy_TBps": bw.get("torch_copy_TBps", np.nan),
         "peer": "mamba_ssm" if ssu else "conventional (ours)",
         "configs_json": json.dumps(chosen), "positions_json": json.dumps(positions),
+        "tuning_json": json.dumps(tuning),
         "errors_json": json.dumps(errors),
         "method": "CUDA-graph replay per step, >=256 MB L2 flush before each replay, medians",
     })

@@ -21,6 +21,7 @@ from precisionlab.kernels.mamba2_spec import mamba2_commit, mamba2_verify  # noq
 from precisionlab.kernels.mamba2_step import (  # noqa: E402
     HeadParams,
     Mamba2Cache,
+    SplitConfig,
     mamba2_conventional_step,
     mamba2_step,
 )
@@ -137,11 +138,24 @@ DESIGNS = [
     (split("bf16-sr", "mxfp4", 3), torch.float16),
     (shared("bf16-sr", 1), torch.float32),
     (shared("fp8-e4m3", 3), torch.bfloat16),
+    (shared("nvfp4", 2), torch.float32),  # the matrix scale of a checkpoint folded in chunks
 ]
 
 
-@pytest.mark.parametrize("design,ring_dtype", DESIGNS, ids=[d.label for d, _ in DESIGNS])
-def test_design_runner_matches_torch(design, ring_dtype) -> None:
+DESIGNS_SPLIT = [
+    (shared("fp32", 4), torch.bfloat16),
+    (split("fp32", "fp8-e4m3", 4), torch.bfloat16),
+    (split("fp16-sr", "nvfp4", 4), torch.bfloat16),
+    (split("bf16-sr", "mxfp4", 3), torch.float16),
+    (shared("nvfp4", 2), torch.float32),
+    (shared("bf16-sr", 1), torch.float32),
+]
+CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT])
+
+
+@pytest.mark.parametrize("design,ring_dtype,launch", CASES,
+                         ids=[f"{d.label}-{lc}" for d, _, lc in CASES])
+def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
     """Each step within 1e-5 of the torch runner fed the kernel's own stored copies
     (the step's arithmetic); the stored bits equal formats.encode of the kernel's
     fresh fp32 state; and end to end within 1e-5 of an independent torch runner
@@ -151,7 +165,8 @@ def test_design_runner_matches_torch(design, ring_dtype) -> None:
     S0 = state0(batch)
     ref = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     mirror = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
-    ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0)
+    ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0,
+                              launch=launch)
     cache = ours.cache
     lossless = design.read_format == design.checkpoint_format == "fp32"
     for t, raw in enumerate(raws):
@@ -176,15 +191,28 @@ def test_design_runner_matches_torch(design, ring_dtype) -> None:
     assert cache.steps_taken().tolist() == [len(raws)] * batch
 
 
-def test_replay_slots_padding_and_bf16_inputs() -> None:
+SPLIT_CONFIGS = {
+    "fused": ("fused", None),
+    "split": ("split", None),
+    # one tile per program, 16-row flush units (a head in two units), one-stage loops
+    "split-1tile": ("split", SplitConfig(tiles_per_program=1, stages=1, flush_chunks=1)),
+    # a whole B/C group per program, pipelined flush chunks, ieee fold
+    "split-group": ("split", SplitConfig(tiles_per_program=4, stages=3, flush_stages=2,
+                                         dot="ieee", flush_ctas_per_sm=1)),
+}
+
+
+@pytest.mark.parametrize("variant", list(SPLIT_CONFIGS))
+def test_replay_slots_padding_and_bf16_inputs(variant) -> None:
     """state_indices with a padding row; raw bf16 inputs with softplus in the kernel."""
     design, L, batch = split("fp32", "fp8-e4m3", 3), 3, 3
     kind, params, raws = setup(steps=4, batch=batch)
     S_all = state0(5)
     idx = torch.tensor([4, -1, 1], dtype=torch.int32, device=DEV)
+    launch, cfg = SPLIT_CONFIGS[variant]
     cache = Mamba2Cache.allocate(5, H, P, N, G, checkpoint_format="fp32",
                                  read_format="fp8-e4m3", window=L, device=DEV, seed=1,
-                                 heads_per_program=2)
+                                 heads_per_program=2, launch=launch, split_config=cfg)
     cache.load_state(S_all)
     keep = idx >= 0
     rows = idx[keep].long()
@@ -267,13 +295,15 @@ def test_spec_accepted_outputs_equal_plain_decoding() -> None:
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
-def test_cuda_graph_replay_walks_the_window() -> None:
+@pytest.mark.parametrize("launch", ["fused", "split"])
+def test_cuda_graph_replay_walks_the_window(launch) -> None:
     batch, L = 4, 4
     kind, params, raws = setup(steps=1, batch=batch)
     inp = kind.prepare(raws[0], params, torch.bfloat16)
     head = HeadParams(params.A, params.D)
     mk = lambda: Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp16-sr",  # noqa: E731
-                                      read_format="nvfp4", window=L, device=DEV, seed=3)
+                                      read_format="nvfp4", window=L, device=DEV, seed=3,
+                                      launch=launch)
     eager, graphed = mk(), mk()
     S0 = state0(batch)
     eager.load_state(S0)

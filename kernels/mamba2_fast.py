@@ -1,0 +1,293 @@
+"""Split-launch Mamba-2 replay step: a persistent flush launch, then a light output
+launch (the large-batch path of :func:`precisionlab.kernels.mamba2_step.mamba2_step`).
+
+Torch reference: ``precisionlab.layers.mamba2`` (``replay_output``, ``fold``,
+``read_output``) driven as ``precisionlab.designs.TorchDesignRunner.step`` -- the
+same arithmetic as the one-launch kernel of ``mamba2_kernel``.
+
+**Counters.**  A split cache's clock ``tickets[slot]`` is the slot's step count
+itself.  The flush launch runs first: every program reads the clocks of all batch
+rows (one vector load), program 0 writes each row's ring position ``pos[b] =
+tickets mod L`` (-1 for padding rows), and the rows at position ``L - 1`` flush.
+The output launch reads ``pos[b]`` (never the clock) and program 0 of each row adds
+1 to the clock (fire and forget).  Only one program ever writes a clock and no
+program of that launch reads it, so there is no read/increment race; no host
+synchronisation, CUDA-graph capturable.
+
+**Flush launch** (persistent: ``programs`` CTAs): units are (flushing row, head,
+block of ``FB * NQ`` rows), taken every ``programs``-th; with nothing to flush a
+program returns after its two vector loads.  A unit folds its rows in ``FB``-row
+chunks: ``S = e^Lambda S_c + (w x)^T B`` (tensor cores: ``fold_dot``), writes the
+step's output, the checkpoint, the read copy (and the fp32 state when kept).  nvfp4
+needs the whole matrix's amax: its units are whole heads folded twice (amax pass,
+then the encode pass from L2-hot data; an nvfp4 checkpoint is decoded with the
+matrix scale read before its first chunk is rewritten).
+
+**Output launch**: grid ``(H * NPB / TPP, batch)``; a program streams ``TPP`` tiles
+(``BLOCK_P`` rows of one head; all in one B/C group) of the stored copy through a
+``tl.range(num_stages=NS)`` pipeline.  Per program: ``B_i . C`` for the group's ring
+entries; per tile: the packed-domain row dot ``S C`` (``tl_mamba2_fast.row_dot``),
+the ring's x rows weighted by the decay, the gate, and the appends at ring position
+``pos``.  Rows that flush this step load nothing.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tl_common import (
+    decay_weights,
+    dt_of,
+    gate,
+    ring_decode,
+    ring_load,
+    ring_load_raw,
+    ring_round,
+    ring_store,
+)
+from .tl_formats import (
+    K_NVFP4,
+    decode_tile,
+    load_codes,
+    load_state,
+    matrix_amax,
+    tile_offsets,
+)
+from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
+
+
+@triton.jit
+def _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    A_h = tl.load(A_ptr + h).to(tl.float32)
+    D_h = 0.0
+    if HAS_D:
+        D_h = tl.load(D_ptr + h).to(tl.float32)
+    dtb = 0.0
+    if HAS_DT_BIAS:
+        dtb = tl.load(dtb_ptr + h).to(tl.float32)
+    return A_h, D_h, dtb
+
+
+@triton.jit
+def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, decay, eB,
+          x_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
+          DOT: tl.constexpr):
+    """Fresh fp32 state of rows ``rows``: ``decay S_c + sum_i (w_i x_i) B_i^T`` over ring
+    entries ``[0, c)`` and this step's ``x_cur`` at entry ``c``.  An nvfp4 checkpoint is
+    decoded with ``s2_old`` (its matrix scale before this flush)."""
+    if CK_FMT == K_NVFP4:
+        codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
+        S = tl.where(m[:, None], decode_tile(codes, s1, s2_old, CK_FMT, FB, N), 0.0)
+    else:
+        S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
+    ex = ring_load(rx_h + offs_r[:, None] * HP + rows[None, :],
+                   (offs_r < c)[:, None] & m[None, :], RING)
+    ex = tl.where((offs_r == c)[:, None], ring_round(x_cur, RING)[None, :], ex)
+    # one deterministic expression: an nvfp4 flush computes its rows twice
+    Sn = fold_dot(tl.trans(ex * w[:, None]), eB, S * decay, DOT)
+    return tl.where(m[:, None], Sn, 0.0)
+
+
+@triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
+def m2_flush_kernel(
+    ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr,
+    ring_x, ring_B, ring_dt, tickets, state_idx, pos,
+    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr,
+    seed_ck, seed_rd, s_xb, s_dtb, s_Bb, s_Cb, s_zb, s_ob,
+    Bsz, H, G, P, L, LR,
+    N: tl.constexpr, BP: tl.constexpr, FB: tl.constexpr, NQ: tl.constexpr, UPH: tl.constexpr,
+    RB: tl.constexpr, NSF: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
+    SPLIT: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
+    NEED_AMAX: tl.constexpr, DOT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_b = tl.arange(0, BP)
+    inb = offs_b < Bsz
+    sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
+    live = sl >= 0
+    sl0 = tl.maximum(sl, 0)
+    k = tl.load(tickets + sl0, mask=live, other=0)
+    cpos = k % L
+    if pid == 0:
+        tl.store(pos + offs_b, tl.where(live, cpos, -1), mask=inb)
+    flag = live & (cpos == L - 1)
+    fl = flag.to(tl.int32)
+    key = tl.where(flag, tl.cumsum(fl, axis=0), 0)  # j + 1 at the j-th flushing row
+    units = tl.sum(fl, axis=0) * (H * UPH)
+    offs_n = tl.arange(0, N)
+    offs_r = tl.arange(0, RB)
+    HP = H * P
+    c = L - 1
+    u = pid
+    while u < units:
+        j = u // (H * UPH)
+        rem = u % (H * UPH)
+        h = rem // UPH
+        r0 = (rem % UPH) * (FB * NQ)
+        sel = key == j + 1
+        bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0).to(tl.int64)
+        slot = tl.sum(tl.where(sel, sl0, 0), axis=0).to(tl.int64)
+        t = tl.sum(tl.where(sel, k, 0), axis=0)
+        g = h // (H // G)
+        mat = slot * H + h
+        win = slot * LR
+        A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+        dt_h = dt_of(tl.load(dt_ptr + bidx * s_dtb + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+        rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=offs_r < c, other=0.0)
+        edt = tl.where(offs_r == c, dt_h, rdt)
+        last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
+        decay = tl.exp(last)
+        B_t = ring_round(tl.load(B_ptr + bidx * s_Bb + g * N + offs_n).to(tl.float32), RING)
+        C_t = tl.load(C_ptr + bidx * s_Cb + g * N + offs_n).to(tl.float32)
+        rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N) + offs_n[None, :],
+                       (offs_r < c)[:, None], RING)
+        eB = tl.where((offs_r == c)[:, None], B_t[None, :], rB)
+        rx_h = ring_x + win * HP + h * P
+        x_h = x_ptr + bidx * s_xb + h * P
+        s2_old = 0.0
+        if CK_FMT == K_NVFP4:
+            s2_old = tl.load(ck_s2 + mat)
+        amax = 0.0
+        if NEED_AMAX:  # nvfp4: the whole matrix's amax first (units are whole heads)
+            for q in range(NQ):
+                rows = r0 + q * FB + tl.arange(0, FB)
+                m = rows < P
+                x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
+                Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
+                           decay, eB, x_c, CK_FMT, FB, N, RING, DOT)
+                amax = tl.maximum(amax, matrix_amax(Sn))
+        for q in tl.range(0, NQ, num_stages=NSF):
+            rows = r0 + q * FB + tl.arange(0, FB)
+            m = rows < P
+            x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
+            Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
+                       decay, eB, x_c, CK_FMT, FB, N, RING, DOT)
+            y = tl.sum(Sn * C_t[None, :], axis=1)
+            z_c = 0.0
+            if HAS_Z:
+                z_c = tl.load(z_ptr + bidx * s_zb + h * P + rows, mask=m, other=0.0)
+                z_c = z_c.to(tl.float32)
+            tl.store(out_ptr + bidx * s_ob + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
+            store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N)
+            if SPLIT:
+                store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB,
+                           N)
+            if WRITE_FRESH:
+                tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
+        u += nprog
+
+
+@triton.jit
+def _out_tile(codes, s1, s2, rx, rdt, x, z, dt_raw, A_h, D_h, dtb, c, offs_r, C_t, Ce, Co, BC,
+              out_row, rx_c, rdt_c, rows, m, first_of_head,
+              RD_FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
+              HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+    """One output tile: ``y = e^Lambda S C + sum_i w_i (B_i . C) x_i + D x`` (gated),
+    stored with the ring appends of this step at entry ``c``."""
+    dt = dt_of(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+    edt = tl.where(offs_r == c, dt, rdt)
+    last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
+    xf = x.to(tl.float32)
+    xr = ring_round(xf, RING)
+    ex = tl.where((offs_r == c)[:, None], xr[None, :], ring_decode(rx, RING))
+    y = tl.exp(last) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BLOCK_P, N)
+    y = y + tl.sum((w * BC)[:, None] * ex, axis=0)
+    tl.store(out_row + rows, gate(y, xf, z.to(tl.float32), D_h, HAS_Z), mask=m)
+    ring_store(rx_c + rows, xr, m, RING)
+    if first_of_head:
+        tl.store(rdt_c, dt)
+
+
+@triton.jit
+def m2_out_kernel(
+    rd_c, rd_s1, rd_s2, ring_x, ring_B, ring_dt, tickets, state_idx, pos,
+    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr,
+    s_xb, s_dtb, s_Bb, s_Cb, s_zb, s_ob,
+    H, G, P, L, LR,
+    N: tl.constexpr, BLOCK_P: tl.constexpr, NPB: tl.constexpr, TPP: tl.constexpr,
+    NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_idx + b)
+    c = tl.load(pos + b)  # ring position (written by the flush launch); -1: padding
+    tau0 = pid * TPP
+    h0 = tau0 // NPB
+    live = (slot >= 0) & (c != L - 1)
+    mat0 = slot.to(tl.int64) * H
+    out_b = out_ptr + b * s_ob
+    if TPP == 1:  # one tile: its load is the first after the slot's
+        rows0 = (tau0 % NPB) * BLOCK_P + tl.arange(0, BLOCK_P)
+        cc0, cs10, cs20 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h0, rows0, (rows0 < P) & live,
+                                     P, RD_FMT, BLOCK_P, N)
+    if slot < 0:  # padding row: zero outputs
+        for i in range(TPP):
+            rows = ((tau0 + i) % NPB) * BLOCK_P + tl.arange(0, BLOCK_P)
+            tl.store(out_b + ((tau0 + i) // NPB) * P + rows, 0.0, mask=rows < P)
+        return
+    if pid == 0:
+        tl.atomic_add(tickets + slot, 1, sem="relaxed")  # nobody in this launch reads it
+    if c != L - 1:
+        hpg = H // G
+        g = h0 // hpg
+        offs_n = tl.arange(0, N)
+        offs_r = tl.arange(0, RB)
+        HP = H * P
+        win = slot.to(tl.int64) * LR
+        rx_b = ring_x + win * HP
+        rdt_b = ring_dt + win * H
+        rB_g = ring_B + (win * G + g) * N
+        x_b = x_ptr + b * s_xb
+        z_b = z_ptr + b * s_zb
+        dt_b = dt_ptr + b * s_dtb
+        B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
+        C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
+        Ce = tl.load(C_ptr + b * s_Cb + g * N + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
+        Co = tl.load(C_ptr + b * s_Cb + g * N + 2 * tl.arange(0, N // 2) + 1).to(tl.float32)
+        Co = Co * TWO63
+        mr = offs_r < c
+        rB = ring_load(rB_g + offs_r[:, None] * (G * N) + offs_n[None, :], mr[:, None], RING)
+        eB = tl.where((offs_r == c)[:, None], B_t[None, :], rB)
+        BC = tl.sum(eB * C_t[None, :], axis=1)
+        if TPP == 1:
+            rows = rows0
+            m = rows < P
+            A_h, D_h, dtb = _head_consts(h0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+            rx = ring_load_raw(rx_b + h0 * P + offs_r[:, None] * HP + rows[None, :],
+                               mr[:, None] & m[None, :], RING)
+            rdt = tl.load(rdt_b + h0 + offs_r * H, mask=mr, other=0.0)
+            x = tl.load(x_b + h0 * P + rows, mask=m, other=0.0)
+            z = 0.0
+            if HAS_Z:
+                z = tl.load(z_b + h0 * P + rows, mask=m, other=0.0)
+            _out_tile(cc0, cs10, cs20, rx, rdt, x, z, tl.load(dt_b + h0), A_h, D_h, dtb, c,
+                      offs_r, C_t, Ce, Co, BC, out_b + h0 * P, rx_b + c * HP + h0 * P,
+                      rdt_b + c * H + h0, rows, m, tau0 % NPB == 0, RD_FMT, BLOCK_P, N, RING,
+                      HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
+        else:
+            for i in tl.range(0, TPP, num_stages=NS):
+                tau = tau0 + i
+                h = tau // NPB
+                rows = (tau % NPB) * BLOCK_P + tl.arange(0, BLOCK_P)
+                m = rows < P
+                cc, cs1, cs2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h, rows, m, P, RD_FMT,
+                                          BLOCK_P, N)
+                A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                rx = ring_load_raw(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
+                                   mr[:, None] & m[None, :], RING)
+                rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
+                x = tl.load(x_b + h * P + rows, mask=m, other=0.0)
+                z = 0.0
+                if HAS_Z:
+                    z = tl.load(z_b + h * P + rows, mask=m, other=0.0)
+                _out_tile(cc, cs1, cs2, rx, rdt, x, z, tl.load(dt_b + h), A_h, D_h, dtb, c,
+                          offs_r, C_t, Ce, Co, BC, out_b + h * P, rx_b + c * HP + h * P,
+                          rdt_b + c * H + h, rows, m, tau % NPB == 0, RD_FMT, BLOCK_P, N, RING,
+                          HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
+        if tau0 % (NPB * hpg) == 0:  # the group's first tile appends B
+            ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)
