@@ -62,7 +62,7 @@ class SplitConfig:
     """Launch configuration of the split replay step (None: the defaults below).
 
     Output launch: ``block_p`` rows per tile, ``num_warps``, ``tiles_per_program``
-    (must divide a B/C group's tiles; None = one head), ``stages`` (software
+    (must divide a B/C group's tiles; None = ``heads_per_program`` heads), ``stages`` (software
     pipeline depth of the tile loop).  Flush launch: ``flush_rows`` per chunk,
     ``flush_chunks`` per unit (None = a whole head), ``flush_stages``,
     ``flush_warps``, ``flush_ctas_per_sm`` (persistent programs per SM),
@@ -71,6 +71,7 @@ class SplitConfig:
     block_p: int | None = None
     num_warps: int | None = None
     tiles_per_program: int | None = None
+    heads_per_program: int = 1
     stages: int = 3
     flush_rows: int = 16
     flush_chunks: int | None = None
@@ -357,7 +358,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     bp = max(16, min(bp, triton.next_power_of_2(P)))
     npb = triton.cdiv(P, bp)
     nw = cfg.num_warps or (4 if bp * N <= 4096 or _BYTES_BY_ID[rd_id] < 2 else 8)
-    tpp = cfg.tiles_per_program or npb
+    tpp = cfg.tiles_per_program or npb * cfg.heads_per_program
     if (npb * (H // G)) % tpp:
         raise ValueError(f"tiles_per_program {tpp} must divide a group's {npb * (H // G)} tiles")
     fc = cfg.flush_chunks
