@@ -41,15 +41,15 @@ SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
 _FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,
           "maxnreg": 168, "flush_ctas_per_sm": 3}
 _OLD = {"launch": "split", **_FLUSH, "out_maxnreg": 128}  # the v2 output launch
+_ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
-         "replay-fp32": {"launch": "staged", **_FLUSH, "out_block_v": 16, "out_num_warps": 2,
-                         "out_tiles_per_program": 1, "out_stages": 1},
+         "replay-fp32": {"launch": "staged", **_FLUSH, "maxnreg": 128, "flush_ctas_per_sm": 4,
+                         "out_block_v": 16, "out_num_warps": 1, **_ONE},
          "split-fp32-fp8": {"launch": "staged", **_FLUSH, "out_block_v": 32,
-                            "out_num_warps": 2, "out_tiles_per_program": 1, "out_stages": 1},
-         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 32,
-                                "out_num_warps": 2, "out_tiles_per_program": 1,
-                                "out_stages": 1},
-         "verify-T4": {"verify_block_v": 32, "verify_num_warps": 4, "verify_stages": 2,
+                            "out_num_warps": 2, **_ONE},
+         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 16,
+                                "out_num_warps": 1, **_ONE},
+         "verify-T4": {"verify_block_v": 64, "verify_num_warps": 4, "verify_stages": 2,
                        "verify_maxnreg": 168, "verify_launch": "staged"}}
 # keys of the output launch and of the flush launch: the sweep picks each group from
 # the candidate with the fastest output step / flush (all candidates but the v2
@@ -80,9 +80,55 @@ SWEEP = {
                             "out_tiles_per_program": 4, "out_stages": 4}]
     + _OUT_ALTS["split-fp16sr-nvfp4"] + [{"flush_licm": True},
                                          {"maxnreg": 0, "flush_ctas_per_sm": 2}],
-    "verify-T4": [{"verify_launch": "single"}, {"verify_block_v": 16, "verify_num_warps": 2},
-                  {"verify_block_v": 64, "verify_num_warps": 4}],
+    "verify-T4": [{"verify_launch": "single"}, {"verify_block_v": 128, "verify_num_warps": 8},
+                  {"verify_num_warps": 8}, {"verify_maxnreg": 0},
+                  {"verify_block_v": 32, "verify_num_warps": 2, "verify_maxnreg": 0}],
 }
+
+
+# per-launch diagnosis (``--phase diag``): (variant, batch, overrides of LARGE / SMALL)
+DIAG = [("replay-fp32", 256, o) for o in (
+    {}, {"out_maxnreg": 64}, {"out_block_v": 32, "out_num_warps": 2},
+    {"out_block_v": 64, "out_num_warps": 2})] + [
+    ("split-fp32-fp8", 256, o) for o in (
+        {}, {"out_block_v": 16, "out_num_warps": 1}, {"out_block_v": 64, "out_num_warps": 4},
+        {"out_block_v": 128, "out_num_warps": 4}, {"out_maxnreg": 64},
+        {"prep_num_warps": 1}, {"eager": False})] + [
+    ("split-fp16sr-nvfp4", 256, o) for o in (
+        {}, {"out_block_v": 32, "out_num_warps": 2}, {"out_block_v": 64, "out_num_warps": 2},
+        {"out_maxnreg": 64})] + [
+    ("replay-fp32", 1, o) for o in (
+        {}, {"num_warps": 1}, {"num_warps": 4},
+        {"launch": "staged", "block_v": 128, "out_block_v": 16, "out_num_warps": 1})]
+
+
+def diag_jobs(model: str, window: int) -> list[tuple]:
+    return [("diag", model, b, window, v, {**(LARGE if b >= 16 else SMALL)[v], **o})
+            for v, b, o in DIAG]
+
+
+def diagnose(jobs: list[tuple], out: str, deadline: float | None) -> None:
+    """Per-launch times and registers of the DIAG configurations (OUT/gdn_diag.jsonl)."""
+    import torch
+
+    from precisionlab.studies import bench_gdn as bg
+
+    clock = bg.Clock(torch.device("cuda"), reps=10)
+    with open(os.path.join(out, "gdn_diag.jsonl"), "w") as f:
+        for _, model, batch, window, variant, cfg in jobs:
+            if deadline is not None and time.time() > deadline:
+                break
+            try:
+                ckpt, read = bg.DESIGNS[variant]
+                row = bg.diag_replay(bg.shape_of(model, batch), clock, ckpt, read, window, cfg,
+                                     window // 2)
+            except Exception as e:  # noqa: BLE001 - reported in the row
+                row = {"error": f"{type(e).__name__}: {e}"[:300]}
+            row = {"variant": variant, "batch": batch, **cfg, **row}
+            f.write(json.dumps(row, default=str) + "\n")
+            f.flush()
+            print("diag", {k: round(v, 1) if isinstance(v, float) else v
+                           for k, v in row.items()}, flush=True)
 
 
 def pick(variant: str, rows: list[dict]) -> dict:
@@ -129,6 +175,9 @@ def _job(job: tuple) -> str:
             bg.time_fla(s, clock)
         elif variant == "conventional":
             bg.time_conventional(s, clock, cfg)
+        elif kind == "diag":
+            ckpt, read = bg.DESIGNS[variant]
+            bg.diag_replay(s, clock, ckpt, read, window, cfg, window // 2)
         elif variant.startswith("verify-T"):
             bg.time_verify(s, clock, int(variant[8:]), window, cfg)
         else:
@@ -277,15 +326,19 @@ def main() -> None:
                 del SWEEP[v]
     over = {}
     warmed = set()
-    if "warm" in phases:  # every kernel either phase may use, in one pool
+    djobs = diag_jobs(args.models[0], args.windows[0]) if "diag" in phases else []
+    if "warm" in phases:  # every kernel any phase may use, in one pool
         jobs = plan(args.models, args.batches, args.windows, args.extra_windows,
                     args.extra_models)
         if "sweep" in phases:
             jobs = plan_sweep(args.models[0], args.windows[0]) + jobs
+        jobs = djobs + jobs
         warm(jobs, args.workers)
         warmed = {repr(j) for j in jobs}
     _wait_tests(tests, args.out)
     tests = None
+    if djobs:
+        diagnose(djobs, args.out, deadline)
     if "sweep" in phases:
         over = sweep(args.models[0], args.windows[0], args.out, deadline)
     configs = configs_for(args.batches, over)

@@ -234,11 +234,19 @@ def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v
 def _dot_exact_b(a, b, DOT: tl.constexpr, acc=None):
     """``a @ b`` to ~fp32 accuracy.  DOT "tf32x2": ``b`` must be exact in tf32 (a ring
     in bf16 or fp16); ``a`` is split into its tf32 head (truncated bits) and the exact
-    remainder: two tensor-core passes.  Else ``tl.dot`` with that input precision."""
+    remainder: two tensor-core passes.  "tf32x3": both operands split so (three passes;
+    explicit, so two loops computing the same rows give the same bits).  Else
+    ``tl.dot`` with that input precision."""
     if DOT == "tf32x2":
         a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
         r = tl.dot(a - a_hi, b, acc=acc, input_precision="tf32")
         r = tl.dot(a_hi, b, acc=r, input_precision="tf32")
+    elif DOT == "tf32x3":  # both operands split explicitly: the same bits wherever compiled
+        a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        b_hi = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        r = tl.dot(a - a_hi, b_hi, acc=acc, input_precision="tf32")
+        r = tl.dot(a_hi, b - b_hi, acc=r, input_precision="tf32")
+        r = tl.dot(a_hi, b_hi, acc=r, input_precision="tf32")
     else:
         r = tl.dot(a, b, acc=acc, input_precision=DOT)
     return r
@@ -984,20 +992,20 @@ def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool 
     return bv, triton.next_power_of_2(max(1, min(16, bv * K // 1024)))
 
 
-_OUT_BV = {"fp32": 32, "fp8-e4m3": 64, "nvfp4": 64, "mxfp4": 64}
+_OUT_CFG = {"fp32": (16, 1), "fp8-e4m3": (32, 2), "nvfp4": (16, 1), "mxfp4": (16, 1)}
 
 
 def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, checkpoint: str,
                     read: str | None) -> dict:
     """Launch configuration of a replay cache by batch size and formats (keywords of
-    :class:`GDNReplayCache`).  Small batches: one fused launch of 16-row programs.
-    Large batches (batch * v_heads >= 1024): a persistent flush launch (whole-head
-    units folded in 16-row chunks, 2-stage pipeline) and an output launch whose
-    programs stream a whole k-head group (~8-16 KB tiles, 3-stage pipeline).  Register
-    caps (``maxnreg``, ``out_maxnreg``, ``verify_maxnreg``: ptxas would otherwise take
-    200-250 registers where 128-168 fit without spilling) set 3-4 programs per SM; the
-    persistent flush launch has as many programs as fit at once (3 per SM: a program
-    that waited for a free SM would finish its share of units last)."""
+    :class:`GDNReplayCache`).  Small batches: one fused launch of 16-row programs (ring
+    tiles loaded eagerly).  Large batches (batch * v_heads >= 1024): "staged" -- a
+    persistent flush launch (whole-head units folded in 16-row chunks, 2-stage
+    pipeline; as many programs as fit at once under its register cap), a prep launch
+    (one program per sequence and k-head) and an output launch of small tiles
+    (16-32 rows, 1-2 warps: many resident programs, each waiting only for the slot
+    index and the ring position before all its loads); verify also staged (64-row
+    tiles).  Picked from sweeps on an H200 (qwen3.5-4b, batch 256, L = 16)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1008,14 +1016,14 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
                     verify_stages=1, eager=True, prep_num_warps=2,
                     verify_launch="single", flush_licm=False)
-    obv = min(V, _OUT_BV.get(read or checkpoint, 64))
-    return dict(launch="split", block_v=V, num_warps=4, maxnreg=168, tiles_per_program=1,
-                stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=128, verify_maxnreg=168,
-                flush_ctas_per_sm=3,
-                out_block_v=obv, out_num_warps=4,
-                out_tiles_per_program=(v_heads // k_heads) * (V // obv), out_stages=3,
-                verify_block_v=min(V, 32), verify_num_warps=4, verify_stages=2, eager=True,
-                prep_num_warps=2, verify_launch="single", flush_licm=False)
+    obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
+    fp32 = (read or checkpoint) == "fp32"
+    return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128 if fp32 else 168,
+                tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=0,
+                verify_maxnreg=168, flush_ctas_per_sm=4 if fp32 else 3,
+                out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
+                out_stages=1, verify_block_v=min(V, 64), verify_num_warps=4, verify_stages=2,
+                eager=True, prep_num_warps=2, verify_launch="staged", flush_licm=False)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1194,6 +1202,8 @@ class GDNReplayCache:
             raise ValueError(f"verify_launch must be 'single' or 'staged', got "
                              f"{self.verify_launch!r}")
         self._vscratch = None
+        self.compiled: dict = {}
+        """The last compiled kernel of each launch (``n_regs``, ``n_spills``: tuning aid)."""
         self.BV, self.num_warps = cfg["block_v"], cfg["num_warps"]
         self.TPP, self.stages = cfg["tiles_per_program"], cfg["stages"]
         self.out_BV, self.out_num_warps = cfg["out_block_v"], cfg["out_num_warps"]
@@ -1329,7 +1339,7 @@ class GDNReplayCache:
         else:
             bv, nw, tpp, ns = self.out_BV, self.out_num_warps, self.out_TPP, self.out_stages
             mr = self.out_maxnreg
-        _replay_kernel[(self.HV * (self.V // bv) // tpp, B)](
+        self.compiled["replay"] = _replay_kernel[(self.HV * (self.V // bv) // tpp, B)](
             q, k, v, a, b, A_log, dt_bias, state_indices, skip, out, *c.kernel_args(), *fargs,
             self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
             self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
@@ -1341,19 +1351,27 @@ class GDNReplayCache:
 
     def _staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out) -> None:
         """The staged output step: the prep launch, then the output launch."""
+        self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices)
+        self._out_launch(v, state_indices, out)
+
+    def _prep_launch(self, q, k, a, b, A_log, dt_bias, state_indices) -> None:
         B = q.shape[0]
         if self._scratch[0].shape[0] < B:
             self._scratch = self._staged_scratch(B, q.device)
         pqk, pco, pn = self._scratch
-        _prep_kernel[(self.HK, B)](
+        self.compiled["prep"] = _prep_kernel[(self.HK, B)](
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
             self.R, self.RP, self.CW, self.ring_id, self.eager,
             num_warps=self.prep_num_warps,
         )
+
+    def _out_launch(self, v, state_indices, out) -> None:
+        B = v.shape[0]
+        pqk, pco, pn = self._scratch
         r = self.read if self.read is not None else self.ckpt
         bv, tpp = self.out_BV, self.out_TPP
-        _out_kernel[(self.HV * (self.V // bv) // tpp, B)](
+        self.compiled["out"] = _out_kernel[(self.HV * (self.V // bv) // tpp, B)](
             v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
             self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.R, self.RP, self.CW,
             r.fmt_id, self.ring_id, num_warps=self.out_num_warps, maxnreg=self.out_maxnreg,
@@ -1366,7 +1384,7 @@ class GDNReplayCache:
         c, fargs, f_id = self._copies()
         units = B * self.HV * (self.V // self.BV)
         grid = (max(1, min(units, self.n_sm * self.flush_ctas_per_sm)),)
-        _flush_kernel[grid](
+        self.compiled["flush"] = _flush_kernel[grid](
             q, k, v, a, b, A_log, dt_bias, state_indices, accepted, self._skip_flags(B), out,
             *c.kernel_args(), *fargs, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.ring_len, self.counters.steps, self.counters.tickets,
@@ -1416,14 +1434,14 @@ class GDNReplayCache:
                 torch.zeros((B,), dtype=torch.int32, device=dev))
         pqk, pco, pn = self._vscratch
         q, k, v, a, b = (t.contiguous() for t in (q, k, v, a, b))
-        _vprep_kernel[(self.HK, B)](
+        self.compiled["vprep"] = _vprep_kernel[(self.HK, B)](
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.ring_len, pqk, pco, pn, T, _pow2_at_least(T, 2),
             self.HK, self.HV, self.K, self.R, self.RP, self.CW, self.ring_id,
             num_warps=self.prep_num_warps,
         )
         bv = self.verify_BV
-        _vout_kernel[(self.HV * (self.V // bv), B)](
+        self.compiled["vout"] = _vout_kernel[(self.HV * (self.V // bv), B)](
             v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
             T, self.HK, self.HV, self.K, self.V, bv, self.R, self.RP, self.CW, r.fmt_id,
             self.ring_id, num_warps=self.verify_num_warps, maxnreg=self.verify_maxnreg,

@@ -440,3 +440,53 @@ def sweep_configs(model: str, batch: int, window: int, variant: str,
         except Exception as e:  # noqa: BLE001 - a config that fails to compile/run is reported
             rows.append({**cfg, "error": f"{type(e).__name__}: {e}"[:200]})
     return rows
+
+
+def _kinfo(h) -> dict:
+    """Registers, spills and shared memory of a compiled kernel (empty off the GPU)."""
+    if h is None:
+        return {}
+    md = getattr(h, "metadata", None)
+    return {"n_regs": getattr(h, "n_regs", None), "n_spills": getattr(h, "n_spills", None),
+            "shared": getattr(md, "shared", None)}
+
+
+def diag_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int, cfg: dict,
+                pos: int) -> dict:
+    """Per-launch times of a staged replay step at ring position ``pos`` (tuning aid):
+    the flush launch where nothing flushes, the prep launch, the output launch, and
+    the whole step (mean over the window), with each kernel's registers and spills."""
+    from precisionlab.kernels.gdn_decode import GDNReplayCache
+
+    x = _inputs(s, clock.device)
+    cache = GDNReplayCache(s.batch, s.HK, s.HV, s.K, s.V, window=L, checkpoint=ckpt,
+                           read=read, device=clock.device, **cfg)
+    cache.reset(_state0(s, clock.device))
+    idx = torch.arange(s.batch, dtype=torch.int32, device=clock.device)
+    out = torch.empty(s.batch, s.HV, s.V, device=clock.device)
+    args = (x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"])
+    P = cache.programs_per_slot
+    cache.counters.tickets.fill_(pos * P)
+    cache.step(*args, idx, out=out)
+    cache.counters.tickets.fill_(pos * P)
+    row = {}
+    if cache.launch != "fused":
+        gf = clock.graph(lambda: cache._flush(*args, idx, idx, out, commit=False))
+        row["us_flush_noop"] = clock.median(gf)
+    if cache.launch == "staged":
+        q, k, v, a, b, A_log, dt_bias = args
+        gp = clock.graph(lambda: cache._prep_launch(q, k, a, b, A_log, dt_bias, idx))
+        row["us_prep"] = clock.median(gp)
+        cache.counters.tickets.fill_(pos * P)
+        cache._prep_launch(q, k, a, b, A_log, dt_bias, idx)
+        go = clock.graph(lambda: cache._out_launch(v, idx, out))
+        row["us_out"] = clock.median(go)
+    cache.counters.tickets.fill_(0)
+    g = clock.graph(lambda: cache.step(*args, idx, out=out))
+    cache.counters.reset()
+    per = clock.cycle(g, L, 2)
+    row["us_step_output"] = statistics.fmean(per[:-1])
+    row["us_step_flush"] = per[-1]
+    for name, h in cache.compiled.items():
+        row.update({f"{name}_{k}": v for k, v in _kinfo(h).items()})
+    return row

@@ -216,11 +216,11 @@ def test_replay_windows_and_launches(design, cfg) -> None:
 @pytest.mark.parametrize("design", [shared("fp32", 4), split("fp16-sr", "nvfp4", 2)],
                          ids=lambda d: d.label)
 def test_large_batch_launch(design) -> None:
-    """The large-batch defaults (split launch: whole-head flush units in pipelined
-    16-row chunks with tf32x2 products; output programs streaming a k-head group)."""
+    """The large-batch defaults (staged launch: whole-head flush units in pipelined
+    16-row chunks with tf32x2 products; prep launch; output programs of one tile)."""
     cache = GDNReplayCache(3, HK, HV, K, V, window=design.window, batch_hint=256,
                            device=DEV)
-    assert cache.launch == "split" and cache.dot == "tf32x2" and cache.out_TPP > 1
+    assert cache.launch == "staged" and cache.dot == "tf32x2" and cache.out_TPP == 1
     check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
