@@ -32,8 +32,8 @@ import time
 # ring's d; register caps give 3 (flush) programs per SM without spilling.  Verify:
 # "staged" (a prep launch for the drafts' products, then one read of each tile).
 SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
-         "replay-fp32": {"launch": "fused", "block_v": 16, "num_warps": 2},
-         "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 2},
+         "replay-fp32": {"launch": "fused", "block_v": 16, "num_warps": 4},
+         "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 4},
          "split-fp16sr-nvfp4": {"launch": "fused", "block_v": 128, "num_warps": 4,
                                 "flush_chunk": 32},
          "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2, "verify_stages": 1,
@@ -45,12 +45,12 @@ _ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "staged", **_FLUSH, "maxnreg": 128, "flush_ctas_per_sm": 4,
                          "out_block_v": 16, "out_num_warps": 1, **_ONE},
-         "split-fp32-fp8": {"launch": "staged", **_FLUSH, "out_block_v": 32,
-                            "out_num_warps": 2, **_ONE},
-         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 16,
-                                "out_num_warps": 1, **_ONE},
-         "verify-T4": {"verify_block_v": 64, "verify_num_warps": 4, "verify_stages": 2,
-                       "verify_maxnreg": 168, "verify_launch": "staged"}}
+         "split-fp32-fp8": {"launch": "staged", **_FLUSH, "out_block_v": 16,
+                            "out_num_warps": 1, **_ONE},
+         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
+                                "out_num_warps": 2, **_ONE},
+         "verify-T4": {"verify_block_v": 32, "verify_num_warps": 2, "verify_stages": 2,
+                       "verify_maxnreg": 0, "verify_launch": "staged"}}
 # keys of the output launch and of the flush launch: the sweep picks each group from
 # the candidate with the fastest output step / flush (all candidates but the v2
 # reference share the staged launch, so the flush kernels are the same)
@@ -87,19 +87,9 @@ SWEEP = {
 
 
 # per-launch diagnosis (``--phase diag``): (variant, batch, overrides of LARGE / SMALL)
-DIAG = [("replay-fp32", 256, o) for o in (
-    {}, {"out_maxnreg": 64}, {"out_block_v": 32, "out_num_warps": 2},
-    {"out_block_v": 64, "out_num_warps": 2})] + [
-    ("split-fp32-fp8", 256, o) for o in (
-        {}, {"out_block_v": 16, "out_num_warps": 1}, {"out_block_v": 64, "out_num_warps": 4},
-        {"out_block_v": 128, "out_num_warps": 4}, {"out_maxnreg": 64},
-        {"prep_num_warps": 1}, {"eager": False})] + [
-    ("split-fp16sr-nvfp4", 256, o) for o in (
-        {}, {"out_block_v": 32, "out_num_warps": 2}, {"out_block_v": 64, "out_num_warps": 2},
-        {"out_maxnreg": 64})] + [
-    ("replay-fp32", 1, o) for o in (
-        {}, {"num_warps": 1}, {"num_warps": 4},
-        {"launch": "staged", "block_v": 128, "out_block_v": 16, "out_num_warps": 1})]
+DIAG = [("split-fp32-fp8", 256, {}), ("split-fp16sr-nvfp4", 256, {}),
+        ("split-fp32-fp8", 256, {"eager": False})] + [
+    (v, 1, o) for v in ("replay-fp32", "split-fp32-fp8") for o in ({}, {"num_warps": 2})]
 
 
 def diag_jobs(model: str, window: int) -> list[tuple]:

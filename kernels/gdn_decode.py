@@ -543,72 +543,80 @@ def _prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k, ring_g, ring_b, ring_kk,
     tickets, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
-    RP: tl.constexpr, CW: tl.constexpr, RING: tl.constexpr, EAGER: tl.constexpr,
+    RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
+    EAGER: tl.constexpr,
 ):
     """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
-    and computes the ring products ``k_i . k``, ``k_i . q`` once per k-head; per value
-    head of the group the gates, the decay weights ``w_i = e^{G - c_i}`` and the
-    output launch's coefficients ``w_i k_i . k``, ``w_i k_i . q`` (``pco`` row: those
-    two RP vectors, then ``e^G``, ``alpha``, ``beta``, ``k . q``).  Appends k, its
-    products, g and beta at ring position n and writes ``pn[b]`` = n (-1 where the
-    row flushes or has no slot: the output launch skips it).  Nothing is written for
-    a flushing row but the clock.  EAGER: the ring k tile is loaded whole, before the
-    clock is back, and masked in registers."""
+    and computes the ring products ``k_i . k``, ``k_i . q`` once per k-head; for the
+    group's value heads (a ``(GP, RP)`` tile, one row per head) the gates, the decay
+    weights ``w_i = e^{G - c_i}`` and the output launch's coefficients ``w_i k_i . k``,
+    ``w_i k_i . q`` (``pco`` row: those two RP vectors, then ``e^G``, ``alpha``,
+    ``beta``, ``k . q``).  Appends k, its products, g and beta at ring position n and
+    writes ``pn[b]`` = n (-1 where the row flushes or has no slot: the output launch
+    skips it; a flushing row gets nothing but its clock tick).  No branches: every
+    load but the masked ring reads (none with EAGER: the ring k and g tiles are read
+    whole and masked in registers) is issued with the slot index, next to the clock."""
     hk = tl.program_id(0)
     bidx = tl.program_id(1)
     GRP: tl.constexpr = HV // HK
     offs_k = tl.arange(0, K)
     offs_r = tl.arange(0, RP)
+    offs_j = tl.arange(0, GP)
     slot = tl.load(state_idx + bidx)
-    if slot >= 0:
-        rbase = slot.to(tl.int64) * R
-        kptr = ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K) + offs_k[None, :]
-        if EAGER:
-            Kraw = ring_load_raw(kptr, (offs_r < R)[:, None], RING)
-        clock = tl.load(tickets + slot, cache_modifier=".cg")
-        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K,
-                                RING)
-        n = (clock // HK) % L
-        valid = offs_r < n
-        if EAGER:
-            Kr = tl.where(valid[:, None], ring_decode(Kraw, RING), 0.0)
-        else:
-            Kr = ring_load(kptr, valid[:, None], RING)
-        kk = tl.sum(Kr * k[None, :], axis=1)
-        kq = tl.sum(Kr * q[None, :], axis=1)
-        kqs = tl.sum(k * q, axis=0)
-        if n != L - 1:
-            pos = rbase + n
-            ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, offs_k < K, RING)
-            tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0))
-            qb = pqk + (bidx * HK + hk) * (2 * K)
-            tl.store(qb + offs_k, q)
-            tl.store(qb + K + offs_k, k)
-            for j in tl.static_range(GRP):
-                h = hk * GRP + j
-                g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias,
-                                 h)
-                gr = tl.load(ring_g + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
-                cum = tl.cumsum(gr, axis=0)
-                Gs = tl.sum(gr, axis=0)
-                w = tl.where(valid, tl.exp(Gs - cum), 0.0)
-                cb = pco + (bidx * HV + h) * CW
-                tl.store(cb + offs_r, w * kk)
-                tl.store(cb + RP + offs_r, w * kq)
-                offs_s = tl.arange(0, 4)
-                sv = tl.where(offs_s == 0, tl.exp(Gs), tl.where(
-                    offs_s == 1, tl.exp(g), tl.where(offs_s == 2, beta, kqs)))
-                tl.store(cb + 2 * RP + offs_s, sv)
-                tl.store(ring_g + pos * HV + h, g)
-                tl.store(ring_b + pos * HV + h, beta)
-        if hk == 0:
-            tl.store(pn + bidx, tl.where(n != L - 1, n, -1))
-        tl.debug_barrier()  # every warp has read the clock: now advance it
-        tl.atomic_add(tickets + slot, 1, sem="relaxed")
+    live = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    rbase = slot64 * R
+    mj = offs_j < GRP
+    hs = hk * GRP + offs_j  # the group's value heads
+    kptr = ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K) + offs_k[None, :]
+    gptr = ring_g + rbase * HV + hs[:, None] + offs_r[None, :] * HV
+    if EAGER:
+        Kraw = ring_load_raw(kptr, (offs_r < R)[:, None] & live, RING)
+        graw = tl.load(gptr, mask=mj[:, None] & (offs_r < R)[None, :] & live, other=0.0)
+    a = tl.load(a_ptr + bidx * HV + hs, mask=mj, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + bidx * HV + hs, mask=mj, other=0.0).to(tl.float32)
+    A = tl.load(A_log + hs, mask=mj, other=0.0).to(tl.float32)
+    dtb = tl.load(dt_bias + hs, mask=mj, other=0.0).to(tl.float32)
+    clock = tl.load(tickets + slot64, mask=live, other=0, cache_modifier=".cg")
+    q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
+    g = -tl.exp(A) * softplus(a + dtb)
+    beta = 1.0 / (1.0 + tl.exp(-b))
+    n = (clock // HK) % L
+    valid = offs_r < n
+    if EAGER:
+        Kr = tl.where(valid[:, None], ring_decode(Kraw, RING), 0.0)
+        gr = tl.where(valid[None, :], graw, 0.0)
     else:
-        if hk == 0:
-            tl.store(pn + bidx, -1)
+        Kr = ring_load(kptr, valid[:, None] & live, RING)
+        gr = tl.load(gptr, mask=mj[:, None] & valid[None, :] & live, other=0.0)
+    kk = tl.sum(Kr * k[None, :], axis=1)
+    kq = tl.sum(Kr * q[None, :], axis=1)
+    kqs = tl.sum(k * q, axis=0)
+    cum = tl.cumsum(gr, axis=1)
+    Gs = tl.sum(gr, axis=1)
+    w = tl.where(valid[None, :], tl.exp(Gs[:, None] - cum), 0.0)
+    ok = live & (n != L - 1)
+    pos = rbase + n
+    ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, (offs_k < K) & ok, RING)
+    tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0), mask=ok)
+    qb = pqk + (bidx * HK + hk) * (2 * K)
+    tl.store(qb + offs_k, q, mask=ok)
+    tl.store(qb + K + offs_k, k, mask=ok)
+    cb = pco + (bidx * HV + hs) * CW  # (GP,) row starts
+    m2 = mj[:, None] & ok
+    tl.store(cb[:, None] + offs_r[None, :], w * kk[None, :], mask=m2)
+    tl.store(cb[:, None] + RP + offs_r[None, :], w * kq[None, :], mask=m2)
+    mo = mj & ok
+    tl.store(cb + 2 * RP, tl.exp(Gs), mask=mo)
+    tl.store(cb + 2 * RP + 1, tl.exp(g), mask=mo)
+    tl.store(cb + 2 * RP + 2, beta, mask=mo)
+    tl.store(cb + 2 * RP + 3, tl.zeros_like(beta) + kqs, mask=mo)
+    tl.store(ring_g + pos * HV + hs, g, mask=mo)
+    tl.store(ring_b + pos * HV + hs, beta, mask=mo)
+    tl.store(pn + bidx, tl.where(ok, n, -1), mask=hk == 0)
+    tl.debug_barrier()  # every warp has read the clock: now advance it
+    tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")
 
 
 @triton.jit
@@ -992,7 +1000,7 @@ def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool 
     return bv, triton.next_power_of_2(max(1, min(16, bv * K // 1024)))
 
 
-_OUT_CFG = {"fp32": (16, 1), "fp8-e4m3": (32, 2), "nvfp4": (16, 1), "mxfp4": (16, 1)}
+_OUT_CFG = {"fp32": (16, 1), "fp8-e4m3": (16, 1), "nvfp4": (64, 2), "mxfp4": (64, 2)}
 
 
 def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, checkpoint: str,
@@ -1003,13 +1011,13 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     persistent flush launch (whole-head units folded in 16-row chunks, 2-stage
     pipeline; as many programs as fit at once under its register cap), a prep launch
     (one program per sequence and k-head) and an output launch of small tiles
-    (16-32 rows, 1-2 warps: many resident programs, each waiting only for the slot
-    index and the ring position before all its loads); verify also staged (64-row
-    tiles).  Picked from sweeps on an H200 (qwen3.5-4b, batch 256, L = 16)."""
+    (16-64 rows, 1-2 warps: many resident programs, each waiting only for the slot
+    index and the ring position before all its loads); verify also staged (32-row
+    tiles, 2 warps).  Picked from sweeps on an H200 (qwen3.5-4b, batch 256, L = 16)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
-        return dict(launch="fused", block_v=bv, num_warps=4 if whole else 2, maxnreg=None,
+        return dict(launch="fused", block_v=bv, num_warps=4, maxnreg=None,
                     tiles_per_program=1, stages=1, flush_chunk=min(bv, 16), flush_stages=1,
                     out_maxnreg=None, verify_maxnreg=None, flush_ctas_per_sm=4,
                     out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
@@ -1020,9 +1028,9 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     fp32 = (read or checkpoint) == "fp32"
     return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128 if fp32 else 168,
                 tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=0,
-                verify_maxnreg=168, flush_ctas_per_sm=4 if fp32 else 3,
+                verify_maxnreg=0, flush_ctas_per_sm=4 if fp32 else 3,
                 out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
-                out_stages=1, verify_block_v=min(V, 64), verify_num_warps=4, verify_stages=2,
+                out_stages=1, verify_block_v=min(V, 32), verify_num_warps=2, verify_stages=2,
                 eager=True, prep_num_warps=2, verify_launch="staged", flush_licm=False)
 
 
@@ -1362,7 +1370,8 @@ class GDNReplayCache:
         self.compiled["prep"] = _prep_kernel[(self.HK, B)](
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
-            self.R, self.RP, self.CW, self.ring_id, self.eager,
+            self.R, self.RP, self.CW, _pow2_at_least(self.HV // self.HK, 1), self.ring_id,
+            self.eager,
             num_warps=self.prep_num_warps,
         )
 
