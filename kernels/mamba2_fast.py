@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .tl_common import (
+    K_RING_FP32,
     decay_weights,
     dt_of,
     gate,
@@ -71,8 +72,7 @@ def _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.
 
 @triton.jit
 def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, decay, eB,
-          x_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-          DOT: tl.constexpr):
+          x_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr):
     """Fresh fp32 state of rows ``rows``: ``decay S_c + sum_i (w_i x_i) B_i^T`` over ring
     entries ``[0, c)`` and this step's ``x_cur`` at entry ``c``.  An nvfp4 checkpoint is
     decoded with ``s2_old`` (its matrix scale before this flush)."""
@@ -84,8 +84,8 @@ def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, d
     ex = ring_load(rx_h + offs_r[:, None] * HP + rows[None, :],
                    (offs_r < c)[:, None] & m[None, :], RING)
     ex = tl.where((offs_r == c)[:, None], ring_round(x_cur, RING)[None, :], ex)
-    # one deterministic expression: an nvfp4 flush computes its rows twice
-    Sn = fold_dot(tl.trans(ex * w[:, None]), eB, S * decay, DOT)
+    # explicit splits (fold_dot): an nvfp4 flush computes its rows twice, same bits
+    Sn = fold_dot(tl.trans(ex), w, eB, S * decay, RING != K_RING_FP32)
     return tl.where(m[:, None], Sn, 0.0)
 
 
@@ -100,7 +100,7 @@ def m2_flush_kernel(
     RB: tl.constexpr, NSF: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
     SPLIT: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
-    NEED_AMAX: tl.constexpr, DOT: tl.constexpr,
+    NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -157,24 +157,25 @@ def m2_flush_kernel(
                 m = rows < P
                 x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
                 Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
-                           decay, eB, x_c, CK_FMT, FB, N, RING, DOT)
+                           decay, eB, x_c, CK_FMT, FB, N, RING)
                 amax = tl.maximum(amax, matrix_amax(Sn))
         for q in tl.range(0, NQ, num_stages=NSF):
             rows = r0 + q * FB + tl.arange(0, FB)
             m = rows < P
             x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
             Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
-                       decay, eB, x_c, CK_FMT, FB, N, RING, DOT)
+                       decay, eB, x_c, CK_FMT, FB, N, RING)
             y = tl.sum(Sn * C_t[None, :], axis=1)
             z_c = 0.0
             if HAS_Z:
                 z_c = tl.load(z_ptr + bidx * s_zb + h * P + rows, mask=m, other=0.0)
                 z_c = z_c.to(tl.float32)
             tl.store(out_ptr + bidx * s_ob + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
-            store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N)
+            store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
+                       HW_CVT)
             if SPLIT:
                 store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB,
-                           N)
+                           N, HW_CVT)
             if WRITE_FRESH:
                 tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
         u += nprog
@@ -290,4 +291,89 @@ def m2_out_kernel(
                           rdt_b + c * H + h, rows, m, tau % NPB == 0, RD_FMT, BLOCK_P, N, RING,
                           HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
         if tau0 % (NPB * hpg) == 0:  # the group's first tile appends B
+            ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)
+
+
+@triton.jit
+def m2_out_heads_kernel(
+    rd_c, rd_s1, rd_s2, ring_x, ring_B, ring_dt, tickets, state_idx, pos,
+    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr,
+    s_xb, s_dtb, s_Bb, s_Cb, s_zb, s_ob,
+    H, G, P, L, LR,
+    N: tl.constexpr, BLOCK_P: tl.constexpr, NPB: tl.constexpr, HPP: tl.constexpr,
+    NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+):
+    """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
+    per program ``B_i . C``; per head (a ``tl.range`` pipeline over heads) the decay
+    weights folded into one coefficient per ring entry, then its ``NPB`` tiles
+    (unrolled) with nothing but the row dot, the ring rows and the gate per tile.
+    The step's own entry is a scalar coefficient on x, not a ring-tile select."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_idx + b)
+    c = tl.load(pos + b)  # ring position (written by the flush launch); -1: padding
+    h0 = pid * HPP
+    out_b = out_ptr + b * s_ob
+    if slot < 0:  # padding row: zero outputs
+        for hh in range(HPP):
+            for q in tl.static_range(NPB):
+                rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
+                tl.store(out_b + (h0 + hh) * P + rows, 0.0, mask=rows < P)
+        return
+    if pid == 0:
+        tl.atomic_add(tickets + slot, 1, sem="relaxed")  # nobody in this launch reads it
+    if c != L - 1:
+        hpg = H // G
+        g = h0 // hpg
+        mat0 = slot.to(tl.int64) * H
+        offs_n = tl.arange(0, N)
+        offs_r = tl.arange(0, RB)
+        HP = H * P
+        win = slot.to(tl.int64) * LR
+        rx_b = ring_x + win * HP
+        rdt_b = ring_dt + win * H
+        rB_g = ring_B + (win * G + g) * N
+        x_b = x_ptr + b * s_xb
+        z_b = z_ptr + b * s_zb
+        dt_b = dt_ptr + b * s_dtb
+        C_b = C_ptr + b * s_Cb + g * N
+        B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
+        C_t = tl.load(C_b + offs_n).to(tl.float32)
+        Ce = tl.load(C_b + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
+        Co = tl.load(C_b + 2 * tl.arange(0, N // 2) + 1).to(tl.float32) * TWO63
+        mr = offs_r < c
+        rB = ring_load(rB_g + offs_r[:, None] * (G * N) + offs_n[None, :], mr[:, None], RING)
+        BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
+        BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
+        for hh in tl.range(0, HPP, num_stages=NS):
+            h = h0 + hh
+            A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+            dt = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+            rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
+            edt = tl.where(offs_r == c, dt, rdt)
+            cum = tl.cumsum(edt * A_h, axis=0)
+            last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
+            wbc = tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC  # entries < c
+            wc = dt * BCc  # this step's entry: exp(last - cum_c) = 1
+            eL = tl.exp(last)
+            for q in tl.static_range(NPB):
+                rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
+                m = rows < P
+                codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h, rows, m, P, RD_FMT,
+                                           BLOCK_P, N)
+                rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
+                               mr[:, None] & m[None, :], RING)
+                xf = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                xr = ring_round(xf, RING)
+                y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BLOCK_P, N)
+                y = y + tl.sum(wbc[:, None] * rx, axis=0) + wc * xr
+                z = 0.0
+                if HAS_Z:
+                    z = tl.load(z_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                tl.store(out_b + h * P + rows, gate(y, xf, z, D_h, HAS_Z), mask=m)
+                ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
+            tl.store(rdt_b + c * H + h, dt)
+        if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

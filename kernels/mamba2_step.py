@@ -11,6 +11,7 @@ step counters live in device tensors that the kernels themselves advance.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -18,7 +19,7 @@ import triton
 
 from .codec import as_int32
 from .mamba2_conv import mamba2_conv_kernel
-from .mamba2_fast import m2_flush_kernel, m2_out_kernel
+from .mamba2_fast import m2_flush_kernel, m2_out_heads_kernel, m2_out_kernel
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
@@ -61,24 +62,26 @@ SPLIT_MIN_ROWS = 1024
 class SplitConfig:
     """Launch configuration of the split replay step (None: the defaults below).
 
-    Output launch: ``block_p`` rows per tile, ``num_warps``, ``tiles_per_program``
-    (must divide a B/C group's tiles; None = ``heads_per_program`` heads), ``stages`` (software
-    pipeline depth of the tile loop).  Flush launch: ``flush_rows`` per chunk,
-    ``flush_chunks`` per unit (None = a whole head), ``flush_stages``,
-    ``flush_warps``, ``flush_ctas_per_sm`` (persistent programs per SM),
-    ``dot`` ("tf32x2", "tf32x3" or "ieee"; None = tf32x2 for a 16-bit ring)."""
+    Output launch: ``out_kernel`` "heads" (a program per ``heads_per_program`` heads,
+    a pipelined loop over heads, each head's tiles unrolled; per-head work done once)
+    or "tiles" (a program per ``tiles_per_program`` tiles, a pipelined loop over
+    tiles); ``block_p`` rows per tile, ``num_warps``, ``stages`` (pipeline depth),
+    ``maxnreg``.  Flush launch: ``flush_rows`` per chunk, ``flush_chunks`` per unit
+    (None = a whole head), ``flush_stages``, ``flush_warps``, ``flush_ctas_per_sm``
+    (persistent programs per SM), ``flush_maxnreg``.  The fold runs on the tensor
+    cores in two tf32 passes (three for an fp32 ring), splits explicit."""
 
+    out_kernel: str = "heads"
     block_p: int | None = None
     num_warps: int | None = None
     tiles_per_program: int | None = None
-    heads_per_program: int = 1
+    heads_per_program: int | None = None
     stages: int = 3
     flush_rows: int = 16
     flush_chunks: int | None = None
     flush_stages: int = 1
     flush_warps: int = 4
     flush_ctas_per_sm: int = 4
-    dot: str | None = None
     maxnreg: int | None = None
     flush_maxnreg: int | None = None
 
@@ -350,23 +353,27 @@ def launch_replay(
 
 
 def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
-                    ring_id: int, need_amax: bool) -> SplitConfig:
+                    need_amax: bool) -> SplitConfig:
     """Fill the None fields of a split launch configuration (H200-tuned defaults)."""
-    bp = cfg.block_p
-    if bp is None:
-        bp = 64 if P % 64 == 0 else (32 if P % 32 == 0 else 16)
+    hpg = H // G
+    if cfg.out_kernel not in ("heads", "tiles"):
+        raise ValueError(f"out_kernel must be 'heads' or 'tiles', got {cfg.out_kernel!r}")
+    heads = cfg.out_kernel == "heads"
+    bp = cfg.block_p or (32 if heads else (64 if P % 64 == 0 else 32))
     bp = max(16, min(bp, triton.next_power_of_2(P)))
     npb = triton.cdiv(P, bp)
-    nw = cfg.num_warps or (4 if bp * N <= 4096 or _BYTES_BY_ID[rd_id] < 2 else 8)
-    tpp = cfg.tiles_per_program or npb * cfg.heads_per_program
-    if (npb * (H // G)) % tpp:
-        raise ValueError(f"tiles_per_program {tpp} must divide a group's {npb * (H // G)} tiles")
+    nw = cfg.num_warps or (1 if heads else 4)
+    hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0) if heads else 1)
+    if hpg % hpp:
+        raise ValueError(f"heads_per_program {hpp} must divide heads per group {hpg}")
+    tpp = cfg.tiles_per_program or npb * hpp
+    if (npb * hpg) % tpp:
+        raise ValueError(f"tiles_per_program {tpp} must divide a group's {npb * hpg} tiles")
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
-    dot = cfg.dot or ("tf32x3" if ring_id == RING_FP32 else "tf32x2")
-    return replace(cfg, block_p=bp, num_warps=nw, tiles_per_program=tpp, flush_chunks=fc,
-                   dot=dot)
+    return replace(cfg, block_p=bp, num_warps=nw, heads_per_program=hpp,
+                   tiles_per_program=tpp, flush_chunks=fc)
 
 
 def launch_split_step(
@@ -396,8 +403,7 @@ def launch_split_step(
     rd = read if read is not None else ckpt
     ring_id = _RING_IDS[cache.ring_x.dtype]
     need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
-    cfg = _split_defaults(config or cache.split_config, P, N, H, G, rd.fmt_id, ring_id,
-                          need_amax)
+    cfg = _split_defaults(config or cache.split_config, P, N, H, G, rd.fmt_id, need_amax)
     rx, rB = cache.ring_x, cache.ring_B
     if ring_id != RING_FP32:
         rx, rB = rx.view(torch.int16), rB.view(torch.int16)
@@ -425,19 +431,21 @@ def launch_split_step(
         batch, H, G, P, L, LR,
         N=N, BP=max(16, triton.next_power_of_2(batch)), FB=fb, NQ=nq, UPH=uph, RB=RB,
         NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None,
-        RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax, DOT=cfg.dot,
+        RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
+        HW_CVT=x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1",
         num_warps=cfg.flush_warps, **flags, **extra,
     )
-    bp, tpp = cfg.block_p, cfg.tiles_per_program
+    bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program
     npb = triton.cdiv(P, bp)
     extra = {} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
-    m2_out_kernel[(H * npb // tpp, batch)](
-        *rd.kernel_args(), rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
-        x, dt, B, C, zz, out, params.A, D, dtb, *strides,
-        H, G, P, L, LR,
-        N=N, BLOCK_P=bp, NPB=npb, TPP=tpp, NS=cfg.stages, RB=RB, RD_FMT=rd.fmt_id, RING=ring_id,
-        num_warps=cfg.num_warps, **flags, **extra,
-    )
+    args = (*rd.kernel_args(), rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
+            x, dt, B, C, zz, out, params.A, D, dtb, *strides, H, G, P, L, LR)
+    common = dict(N=N, BLOCK_P=bp, NPB=npb, NS=cfg.stages, RB=RB, RD_FMT=rd.fmt_id,
+                  RING=ring_id, num_warps=cfg.num_warps, **flags, **extra)
+    if cfg.out_kernel == "heads":
+        m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, **common)
+    else:
+        m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
 
 
 def mamba2_step(

@@ -12,9 +12,9 @@
   operations differs.
 * :func:`sr_round_fast`: ``tl_formats.sr_round`` with the division by the power
   of two ``ulp`` done as an exact multiplication (same bits).
-* :func:`fold_dot`: the flush's rank-L update ``a @ b`` to ~fp32 accuracy on the
-  tensor cores, in two tf32 passes where ``b`` is exact in tf32 (ring B in bf16 /
-  fp16).
+* :func:`fold_dot`: the flush's rank-L update to ~fp32 accuracy on the tensor cores
+  (two tf32 passes where ``b`` is exact in tf32, ring B in bf16 / fp16; else three),
+  with explicit splits: the same inputs always give the same bits.
 """
 
 from __future__ import annotations
@@ -104,25 +104,60 @@ def sr_round_fast(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.con
 
 
 @triton.jit
-def fold_dot(a, b, acc, DOT: tl.constexpr):
-    """``acc + a @ b`` to ~fp32 accuracy.  "tf32x2": ``b`` exact in tf32; ``a`` split
-    into its tf32 head (truncated) and the exact remainder, two tensor-core passes.
-    Else ``tl.dot`` with that input precision ("tf32x3", "ieee")."""
-    if DOT == "tf32x2":
-        a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        r = tl.dot(a - a_hi, b, acc=acc, input_precision="tf32")
+def _tf32_head(a):
+    """``a`` with its low 13 mantissa bits cleared (exact in tf32)."""
+    return (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fold_dot(x, w, b, acc, EXACT_B: tl.constexpr):
+    """``acc + (x w) @ b`` (``x``: (M, K), ``w``: (K,) scaling x's columns, ``b``: (K, N))
+    to ~fp32 accuracy on the tensor cores, with every split explicit so the result's
+    bits do not depend on how the compiler contracts (an nvfp4 flush computes its rows
+    twice and both passes must agree): ``x w = a_hi + a_lo`` with ``a_lo = fma(x, w,
+    -a_hi)``; ``b`` exact in tf32 (``EXACT_B``: a bf16/fp16 ring) takes two tf32 passes,
+    else ``b = b_hi + b_lo`` and three (the tf32x3 scheme)."""
+    a_hi = _tf32_head(x * w[None, :])
+    a_lo = tl.fma(x, w[None, :], -a_hi)
+    if EXACT_B:
+        r = tl.dot(a_lo, b, acc=acc, input_precision="tf32")
         r = tl.dot(a_hi, b, acc=r, input_precision="tf32")
     else:
-        r = tl.dot(a, b, acc=acc, input_precision=DOT)
+        b_hi = _tf32_head(b)
+        b_lo = b - b_hi
+        r = tl.dot(a_lo, b_hi, acc=acc, input_precision="tf32")
+        r = tl.dot(a_hi, b_lo, acc=r, input_precision="tf32")
+        r = tl.dot(a_hi, b_hi, acc=r, input_precision="tf32")
     return r
 
 
 @triton.jit
+def fp8_encode_hw(S):
+    """``tl_formats.encode_tile`` for fp8-e4m3 (same bits: row scale ``amax / 448`` and
+    ``S / scale`` by IEEE division, clamped to +-448, RNE; non-finite -> 0x7F) with the
+    hardware conversion (``cvt.rn.satfinite.e4m3x2.f32``) instead of the integer
+    rounding.  Compiled code only: the Triton interpreter's fp8 cast does not round to
+    nearest even."""
+    fin = tl.abs(S) < float("inf")
+    amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
+    s1 = tl.math.div_rn(amax, 448.0)
+    y = tl.math.div_rn(S, tl.where(s1 > 0, s1, 1.0)[:, None])
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    c = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    return tl.where(fin, c, 0x7F).to(tl.uint8), s1
+
+
+@triton.jit
 def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step, amax_mat,
-               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
+               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+               HW_CVT: tl.constexpr = False):
     """``tl_formats.store_state`` (same bits) without decoding the stored values back,
-    and stochastic rounding by :func:`sr_round_fast`."""
-    if FMT == K_BF16_SR:
+    stochastic rounding by :func:`sr_round_fast`, and (``HW_CVT``, compiled code only)
+    fp8 by :func:`fp8_encode_hw`."""
+    if (FMT == K_FP8) and HW_CVT:
+        codes, s1 = fp8_encode_hw(S)
+        s2 = 0.0
+    elif FMT == K_BF16_SR:
         key = sr_key(seed, step)
         q = sr_round_fast(S, sr_bits(element_index(mat, offs_p, P, N), key), 7, -126,
                           3.3895313892515355e38)

@@ -41,59 +41,64 @@ ANCHOR_PEER_US = {("nemotron-3-super-120b", 256): 615.5, ("nemotron-3-nano-4b", 
 """mamba_ssm selective_state_update on an H200 (shared/anchors/h200-peers-*.json)."""
 
 # launch configurations tried at the tuning batch (the best one is used at every batch):
-# conventional / verify: (block_p, num_warps); replay kernels: dicts with "launch"
+# conventional / verify: (block_p, num_warps).  Replay kernels: dicts with "launch"
 # ("fused": the one-launch kernel, keys block_p / num_warps; "split": flush + output
-# launches, the other keys are SplitConfig fields).  A replay cache of a batch where
-# the candidate's launch does not apply (fused below SPLIT_MIN_ROWS slot-heads is the
-# default) keeps the candidate anyway: the tuned one runs at every batch.
-_F = dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128)
+# launches, the other keys are SplitConfig fields).  Split candidates are tuned in two
+# rounds: the output keys of CANDIDATES (with the first FLUSH_CANDIDATES entry) by
+# output-step time, then FLUSH_CANDIDATES (with the best output keys) by flush time.
+# Batches below SPLIT_MIN_ROWS slot-heads use the fused candidate.
+_NF = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=None)
 CANDIDATES: dict[str, list] = {
     "conventional": [(16, 4), (8, 4)],
     "replay-fp32": [
-        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F},
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, **_F},
-        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F,
-         "flush_ctas_per_sm": 3, "flush_maxnreg": None},
-        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F,
-         "flush_stages": 3, "flush_maxnreg": None},
-        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F,
-         "flush_warps": 8, "flush_maxnreg": None, "flush_ctas_per_sm": 2},
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, "heads_per_program": 2,
-         **_F},
+        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 3},
+        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 2, "stages": 2},
+        {"launch": "split", "block_p": 16, "num_warps": 1, "heads_per_program": 4, "stages": 3},
+        {"launch": "split", "block_p": 64, "num_warps": 2, "heads_per_program": 4, "stages": 3},
+        {"launch": "split", "block_p": 32, "num_warps": 2, "heads_per_program": 4, "stages": 3},
         {"launch": "fused", "block_p": 32, "num_warps": 4},
     ],
     "split-fp32-fp8": [
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, **_F},
-        {"launch": "split", "block_p": 16, "num_warps": 4, "stages": 3, **_F},
-        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 3, **_F},
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 4, "heads_per_program": 2,
-         **_F},
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, "heads_per_program": 4,
-         **_F},
-        {"launch": "split", "block_p": 16, "num_warps": 2, "stages": 4, "heads_per_program": 2,
-         **_F},
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, "tiles_per_program": 1,
-         **_F},
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, "maxnreg": 64, **_F},
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, **_F,
-         "flush_warps": 8, "flush_maxnreg": None, "flush_ctas_per_sm": 2},
+        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 3},
+        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 2},
+        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 2, "stages": 4},
+        {"launch": "split", "block_p": 64, "num_warps": 1, "heads_per_program": 4, "stages": 3},
+        {"launch": "split", "block_p": 64, "num_warps": 2, "heads_per_program": 4, "stages": 3},
+        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 3,
+         "maxnreg": 96},
         {"launch": "fused", "block_p": 32, "num_warps": 4},
     ],
     "split-fp16sr-nvfp4": [
-        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 3, **_F,
-         "flush_stages": 1, "flush_maxnreg": None, "flush_ctas_per_sm": 3},
-        {"launch": "split", "block_p": 32, "num_warps": 4, "stages": 3, **_F,
-         "flush_stages": 1, "flush_maxnreg": None, "flush_ctas_per_sm": 3},
-        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 4, **_F,
-         "flush_stages": 2, "flush_maxnreg": None, "flush_ctas_per_sm": 3},
-        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 3, **_F,
-         "heads_per_program": 2, "flush_stages": 1, "flush_maxnreg": None,
-         "flush_ctas_per_sm": 3},
-        {"launch": "split", "block_p": 64, "num_warps": 4, "stages": 3, **_F,
-         "flush_stages": 1, "flush_warps": 8, "flush_maxnreg": None, "flush_ctas_per_sm": 2},
+        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 3,
+         **_NF},
+        {"launch": "split", "block_p": 64, "num_warps": 1, "heads_per_program": 4, "stages": 3,
+         **_NF},
+        {"launch": "split", "block_p": 64, "num_warps": 2, "heads_per_program": 4, "stages": 3,
+         **_NF},
+        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 2, "stages": 2,
+         **_NF},
         {"launch": "fused", "block_p": 64, "num_warps": 8},
     ],
     "verify-T4": [(32, 4), (16, 4)],
+}
+_F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=None)
+FLUSH_CANDIDATES: dict[str, list[dict]] = {
+    "replay-fp32": [
+        _F3,
+        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
+        dict(flush_rows=16, flush_stages=4, flush_ctas_per_sm=3, flush_maxnreg=None),
+        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=5, flush_maxnreg=96),
+    ],
+    "split-fp32-fp8": [
+        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
+        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=128),
+        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=3, flush_maxnreg=None),
+    ],
+    "split-fp16sr-nvfp4": [
+        _NF,
+        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=3, flush_maxnreg=None),
+        dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=4, flush_maxnreg=128),
+    ],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",
         "TBps_step", "TBps_output", "TBps_flush", "frac_read_output", "frac_copy_flush",
@@ -343,8 +348,17 @@ def warm_mamba2(models: Sequence[str] = MODELS, *, batches: Sequence[int] = (256
     compiled.  Returns the number of jobs run."""
     runner = _Runner(None, 1, log)
     dev = torch.device(device)
-    jobs = [(m, b, k, c) for m in models for b in batches for k in kernels
-            if k in DESIGNS and k != "verify-T4" for c in CANDIDATES.get(k, [])]
+    jobs = []
+    for m in models:
+        for b in batches:
+            for k in kernels:
+                if k not in DESIGNS or k == "verify-T4":
+                    continue
+                fl = FLUSH_CANDIDATES.get(k, [{}])
+                for c in CANDIDATES.get(k, []):
+                    jobs.append((m, b, k, {**c, **fl[0]} if c.get("launch") == "split" else c))
+                for f in fl[1:]:  # flush variants (output kernel as the first candidate's)
+                    jobs.append((m, b, k, {**CANDIDATES[k][0], **f}))
     done = 0
     for i, (m, b, k, c) in enumerate(jobs):
         if i % shards != shard:
@@ -365,6 +379,58 @@ def _bytes_of(kernel: str, prob: _Problem, L: int) -> list[float]:
         return _verify_bytes(prob, L, 4)
     ck, rd = DESIGNS[kernel]
     return _replay_bytes(prob, ck, rd, L)
+
+
+def self_tune_split(runner, k: str, prob, L: int, cands: list, flush_cands: list[dict], ssu,
+                    tuning: dict, key: str, log: Callable[[str], None]):
+    """Two tuning rounds of a replay kernel: output configurations (each with the first
+    flush configuration; "fused" ones as they are) by the mean output-step time, then
+    the flush configurations with the best split output keys by the flush time.  Returns
+    the best whole-window configuration seen (split or fused)."""
+    def timed(cfg, tag):
+        try:
+            times = runner.run(k, prob, L, cfg, ssu)
+        except Exception as e:  # a config that does not compile or fit
+            log(f"  tune {key} {cfg}: failed ({type(e).__name__}: {str(e)[:300]})")
+            tuning[f"{key}/{tag}"] = {"cfg": cfg, "error": str(e)[:300]}
+            return None
+        rec = {"cfg": cfg, "us_step": round(float(np.mean(times)), 2),
+               "us_output": round(float(np.mean(times[:-1])), 2), "us_flush": round(times[-1], 2)}
+        tuning[f"{key}/{tag}"] = rec
+        log(f"  tune {key} {tag} {cfg}: step {rec['us_step']} output {rec['us_output']} "
+            f"flush {rec['us_flush']}")
+        return rec
+
+    recs = []
+    best_out = None
+    for ci, c in enumerate(cands):
+        cfg = dict(c)
+        if cfg.get("launch") == "split":
+            cfg.update(flush_cands[0])
+        rec = timed(cfg, f"out{ci}")
+        if rec is None:
+            continue
+        recs.append(rec)
+        if cfg.get("launch") == "split" and (best_out is None
+                                             or rec["us_output"] < best_out["us_output"]):
+            best_out = rec
+    if best_out is not None:
+        out_keys = {a: v for a, v in best_out["cfg"].items() if not a.startswith("flush_")}
+        for fi, f in enumerate(flush_cands[1:], start=1):
+            rec = timed({**out_keys, **f}, f"flush{fi}")
+            if rec is not None:
+                recs.append(rec)
+        flush_best = min((r for r in recs if r["cfg"].get("launch") == "split"),
+                         key=lambda r: r["us_flush"])
+        fkeys = {a: v for a, v in flush_best["cfg"].items() if a.startswith("flush_")}
+        combo = {**out_keys, **fkeys}
+        if all(r["cfg"] != combo for r in recs):
+            rec = timed(combo, "combo")
+            if rec is not None:
+                recs.append(rec)
+    if not recs:
+        return cands[0]
+    return min(recs, key=lambda r: r["us_step"])["cfg"]
 
 
 def bench_mamba2(
@@ -429,6 +495,11 @@ def bench_mamba2(
                 continue
             prob = _Problem(model, tune_batch, dev)
             best = None
+            if k in FLUSH_CANDIDATES:
+                cfgs[k] = self_tune_split(runner, k, prob, windows[0], cands,
+                                          FLUSH_CANDIDATES[k], ssu, tuning, f"{model}/{k}", log)
+                chosen[f"{model}/{k}"] = cfgs[k]
+                continue
             for ci, cfg in enumerate(cands):
                 try:
                     times = runner.run(k, prob, windows[0], cfg, ssu)

@@ -194,11 +194,15 @@ def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
 SPLIT_CONFIGS = {
     "fused": ("fused", None),
     "split": ("split", None),
-    # one tile per program, 16-row flush units (a head in two units), one-stage loops
-    "split-1tile": ("split", SplitConfig(tiles_per_program=1, stages=1, flush_chunks=1)),
-    # a whole B/C group per program, pipelined flush chunks, ieee fold
-    "split-group": ("split", SplitConfig(tiles_per_program=4, stages=3, flush_stages=2,
-                                         dot="ieee", flush_ctas_per_sm=1)),
+    # output: one tile per program; flush: 16-row units (a head in two), one-stage loops
+    "split-1tile": ("split", SplitConfig(out_kernel="tiles", tiles_per_program=1, stages=1,
+                                         flush_chunks=1, num_warps=4)),
+    # output: a whole B/C group per program (tiles loop); pipelined flush chunks
+    "split-group": ("split", SplitConfig(out_kernel="tiles", tiles_per_program=4, stages=3,
+                                         block_p=16, flush_stages=2, flush_ctas_per_sm=1)),
+    # output: one head per program, 2 warps, 16-row tiles
+    "split-heads": ("split", SplitConfig(heads_per_program=1, block_p=16, num_warps=2,
+                                         stages=2)),
 }
 
 
