@@ -116,6 +116,7 @@ def mamba2_kernel(
     MODE: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SPLIT: tl.constexpr,
     RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
+    OUT_ONLY: tl.constexpr = False,
 ):
     b = tl.program_id(1).to(tl.int64)
     h0 = tl.program_id(0) * HPP
@@ -145,10 +146,14 @@ def mamba2_kernel(
                               BLOCK_P, N)
 
     if MODE == K_MODE_STEP:
-        clock = tl.load(tickets + slot)  # advanced at the program's end, after a barrier
-        k_step = clock // (H // HPP)
-        c = k_step % L
-        t = k_step
+        if OUT_ONLY:  # output launch of a split step: ring_len holds pos[row]
+            c = tl.load(ring_len + b)
+            t = 0
+        else:
+            clock = tl.load(tickets + slot)  # advanced at the program's end, after a barrier
+            k_step = clock // (H // HPP)
+            c = k_step % L
+            t = k_step
         half = 0
     else:
         rl = tl.load(ring_len + slot)
@@ -169,7 +174,7 @@ def mamba2_kernel(
         eB = tl.where((offs_r == c)[:, None], B_t[None, :], rB)
         if c + 1 >= L:
             # ---- flush: fold all L entries, write checkpoint (+ read copy) -------
-            for hh in range(HPP):
+            for hh in range(HPP * (1 - OUT_ONLY)):  # (the split flush launch did it)
                 h = h0 + hh
                 mat = mat0 + h
                 A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
@@ -260,10 +265,14 @@ def mamba2_kernel(
                 A_h, D_h, dtb = A2, D2, dtb2
             if h0 % hpg == 0:
                 ring_store(rB_b + c * (G * N) + offs_n, B_t, offs_n < N, RING)
-        # every warp of the program has read (and used) the clock: only now advance it,
-        # so no warp can see this program's own increment
-        tl.debug_barrier()
-        tl.atomic_add(tickets + slot, 1, sem="relaxed")
+        if OUT_ONLY:  # split step: the clock counts steps, nobody here reads it
+            if tl.program_id(0) == 0:
+                tl.atomic_add(tickets + slot, 1, sem="relaxed")
+        else:
+            # every warp of the program has read (and used) the clock: only now advance
+            # it, so no warp can see this program's own increment
+            tl.debug_barrier()
+            tl.atomic_add(tickets + slot, 1, sem="relaxed")
     else:
         # ======================= speculative verify =============================
         if c + T > L:  # fold the committed entries first (they fill the window)

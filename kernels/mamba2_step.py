@@ -63,12 +63,14 @@ class SplitConfig:
     """Launch configuration of the split replay step (None: the defaults below).
 
     Output launch: ``out_kernel`` "heads" (a program per ``heads_per_program`` heads,
-    a pipelined loop over heads, each head's tiles unrolled; per-head work done once)
-    or "tiles" (a program per ``tiles_per_program`` tiles, a pipelined loop over
-    tiles); ``block_p`` rows per tile, ``num_warps``, ``stages`` (pipeline depth),
-    ``maxnreg``.  Flush launch: ``flush_rows`` per chunk, ``flush_chunks`` per unit
-    (None = a whole head), ``flush_stages``, ``flush_warps``, ``flush_ctas_per_sm``
-    (persistent programs per SM), ``flush_maxnreg``.  The fold runs on the tensor
+    a pipelined loop over heads, each head's tiles unrolled; per-head work done once),
+    "tiles" (a program per ``tiles_per_program`` tiles, a pipelined loop over tiles) or
+    "group" (the one-launch kernel's output path, one tile prefetched in registers,
+    ``heads_per_program`` heads; its flush branch compiled out); ``block_p`` rows per
+    tile, ``num_warps``, ``stages`` (pipeline depth), ``maxnreg``.  Flush launch:
+    ``flush_rows`` per chunk, ``flush_chunks`` per unit (None = a whole head),
+    ``flush_stages``, ``flush_warps``, ``flush_ctas_per_sm`` (persistent programs per
+    SM), ``flush_maxnreg``.  The fold runs on the tensor
     cores in two tf32 passes (three for an fp32 ring), splits explicit."""
 
     out_kernel: str = "heads"
@@ -356,13 +358,14 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                     need_amax: bool) -> SplitConfig:
     """Fill the None fields of a split launch configuration (H200-tuned defaults)."""
     hpg = H // G
-    if cfg.out_kernel not in ("heads", "tiles"):
-        raise ValueError(f"out_kernel must be 'heads' or 'tiles', got {cfg.out_kernel!r}")
-    heads = cfg.out_kernel == "heads"
+    if cfg.out_kernel not in ("heads", "tiles", "group"):
+        raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', "
+                         f"got {cfg.out_kernel!r}")
+    heads = cfg.out_kernel != "tiles"
     bp = cfg.block_p or (32 if heads else (64 if P % 64 == 0 else 32))
     bp = max(16, min(bp, triton.next_power_of_2(P)))
     npb = triton.cdiv(P, bp)
-    nw = cfg.num_warps or (1 if heads else 4)
+    nw = cfg.num_warps or (1 if cfg.out_kernel == "heads" else 4)
     hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0) if heads else 1)
     if hpg % hpp:
         raise ValueError(f"heads_per_program {hpp} must divide heads per group {hpg}")
@@ -444,8 +447,20 @@ def launch_split_step(
                   RING=ring_id, num_warps=cfg.num_warps, **flags, **extra)
     if cfg.out_kernel == "heads":
         m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, **common)
-    else:
+    elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
+    else:  # "group": the one-launch kernel's output path (prefetch of one tile)
+        mamba2_kernel[(H // hpp, batch)](
+            *ckpt.kernel_args(), *rd.kernel_args(), ckpt.codes,
+            rx, rB, cache.ring_dt, cache.pos, cache.steps, cache.tickets, state_indices,
+            x, dt, B, C, zz, out, params.A, D, dtb, 0, 0,
+            strides[0], 0, strides[1], 0, strides[2], 0, strides[3], 0, strides[4], 0,
+            strides[5], 0, H, G, P, L, LR,
+            N=N, BLOCK_P=bp, NPB=npb, HPP=hpp, NT=hpp * npb, FB=FLUSH_ROWS,
+            NQ=triton.cdiv(P, FLUSH_ROWS), RB=RB, T=1, TB=2, MODE=MODE_STEP,
+            CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None, RING=ring_id,
+            WRITE_FRESH=False, NEED_AMAX=False, OUT_ONLY=True, num_warps=cfg.num_warps,
+            **flags, **extra)
 
 
 def mamba2_step(

@@ -47,57 +47,46 @@ ANCHOR_PEER_US = {("nemotron-3-super-120b", 256): 615.5, ("nemotron-3-nano-4b", 
 # rounds: the output keys of CANDIDATES (with the first FLUSH_CANDIDATES entry) by
 # output-step time, then FLUSH_CANDIDATES (with the best output keys) by flush time.
 # Batches below SPLIT_MIN_ROWS slot-heads use the fused candidate.
-_NF = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=None)
+_NF = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=4, flush_maxnreg=128)
+_H1 = {"launch": "split", "out_kernel": "heads", "block_p": 32, "num_warps": 1}
+_GR = {"launch": "split", "out_kernel": "group", "num_warps": 4}
 CANDIDATES: dict[str, list] = {
     "conventional": [(16, 4), (8, 4)],
     "replay-fp32": [
-        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 3},
-        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 2, "stages": 2},
-        {"launch": "split", "block_p": 16, "num_warps": 1, "heads_per_program": 4, "stages": 3},
-        {"launch": "split", "block_p": 64, "num_warps": 2, "heads_per_program": 4, "stages": 3},
-        {"launch": "split", "block_p": 32, "num_warps": 2, "heads_per_program": 4, "stages": 3},
+        {**_GR, "block_p": 32, "heads_per_program": 4},
+        {**_GR, "block_p": 32, "heads_per_program": 2},
+        {**_GR, "block_p": 16, "heads_per_program": 4},
+        {**_H1, "num_warps": 4, "heads_per_program": 1, "stages": 2},
         {"launch": "fused", "block_p": 32, "num_warps": 4},
     ],
     "split-fp32-fp8": [
-        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 3},
-        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 2},
-        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 2, "stages": 4},
-        {"launch": "split", "block_p": 64, "num_warps": 1, "heads_per_program": 4, "stages": 3},
-        {"launch": "split", "block_p": 64, "num_warps": 2, "heads_per_program": 4, "stages": 3},
-        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 3,
-         "maxnreg": 96},
-        {"launch": "fused", "block_p": 32, "num_warps": 4},
+        {**_H1, "heads_per_program": 4, "stages": 2},
+        {**_H1, "heads_per_program": 4, "stages": 1},
+        {**_H1, "heads_per_program": 2, "stages": 1},
+        {**_H1, "block_p": 64, "heads_per_program": 4, "stages": 1},
+        {**_GR, "block_p": 32, "heads_per_program": 4},
     ],
     "split-fp16sr-nvfp4": [
-        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 4, "stages": 3,
-         **_NF},
-        {"launch": "split", "block_p": 64, "num_warps": 1, "heads_per_program": 4, "stages": 3,
-         **_NF},
-        {"launch": "split", "block_p": 64, "num_warps": 2, "heads_per_program": 4, "stages": 3,
-         **_NF},
-        {"launch": "split", "block_p": 32, "num_warps": 1, "heads_per_program": 2, "stages": 2,
-         **_NF},
-        {"launch": "fused", "block_p": 64, "num_warps": 8},
+        {**_H1, "heads_per_program": 2, "stages": 2, **_NF},
+        {**_H1, "heads_per_program": 2, "stages": 1, **_NF},
+        {**_H1, "heads_per_program": 4, "stages": 1, **_NF},
     ],
-    "verify-T4": [(32, 4), (16, 4)],
+    "verify-T4": [(16, 4), (32, 4)],
 }
 _F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=None)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
     "replay-fp32": [
         _F3,
         dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
-        dict(flush_rows=16, flush_stages=4, flush_ctas_per_sm=3, flush_maxnreg=None),
         dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=5, flush_maxnreg=96),
     ],
     "split-fp32-fp8": [
-        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
         dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=128),
-        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=3, flush_maxnreg=None),
+        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
     ],
     "split-fp16sr-nvfp4": [
         _NF,
-        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=3, flush_maxnreg=None),
-        dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=4, flush_maxnreg=128),
+        dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=None),
     ],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",

@@ -200,6 +200,9 @@ SPLIT_CONFIGS = {
     # output: a whole B/C group per program (tiles loop); pipelined flush chunks
     "split-group": ("split", SplitConfig(out_kernel="tiles", tiles_per_program=4, stages=3,
                                          block_p=16, flush_stages=2, flush_ctas_per_sm=1)),
+    # output: the one-launch kernel's output path, two heads per program
+    "split-outgroup": ("split", SplitConfig(out_kernel="group", heads_per_program=2,
+                                            block_p=16, num_warps=4)),
     # output: one head per program, 2 warps, 16-row tiles
     "split-heads": ("split", SplitConfig(heads_per_program=1, block_p=16, num_warps=2,
                                          stages=2)),
