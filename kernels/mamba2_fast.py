@@ -23,12 +23,22 @@ needs the whole matrix's amax: its units are whole heads folded twice (amax pass
 then the encode pass from L2-hot data; an nvfp4 checkpoint is decoded with the
 matrix scale read before its first chunk is rewritten).
 
-**Output launch**: grid ``(H * NPB / TPP, batch)``; a program streams ``TPP`` tiles
-(``BLOCK_P`` rows of one head; all in one B/C group) of the stored copy through a
-``tl.range(num_stages=NS)`` pipeline.  Per program: ``B_i . C`` for the group's ring
-entries; per tile: the packed-domain row dot ``S C`` (``tl_mamba2_fast.row_dot``),
-the ring's x rows weighted by the decay, the gate, and the appends at ring position
-``pos``.  Rows that flush this step load nothing.
+**Output launch** (``SplitConfig.out_kernel``): rows that flush this step load
+nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
+
+* "heads" (:func:`m2_out_heads_kernel`, the default for 1-byte and 4-bit copies):
+  grid ``(H / HPP, batch)``; per program ``B_i . C`` for the group's ring entries; per
+  head (a ``tl.range(num_stages=NS)`` loop) the decay weights folded into one
+  coefficient per ring entry, then the head's ``NPB`` tiles unrolled: the
+  packed-domain row dot ``S C`` (``tl_mamba2_fast.row_dot``), the ring's x rows, the
+  gate.  One-warp programs: the H200 sweeps showed the tile loop issue-bound, and
+  the per-row and per-entry vector work of a 4-warp program is repeated by every
+  warp.
+* "tiles" (:func:`m2_out_kernel`): grid ``(H * NPB / TPP, batch)``, a pipelined loop
+  over ``TPP`` tiles (per-head work per tile).
+* "group" (the default for fp32 / 16-bit copies): the one-launch kernel of
+  ``mamba2_kernel`` with ``OUT_ONLY`` (its flush branch compiled out, one tile
+  prefetched in registers).
 """
 
 from __future__ import annotations

@@ -60,28 +60,29 @@ SPLIT_MIN_ROWS = 1024
 
 @dataclass(frozen=True)
 class SplitConfig:
-    """Launch configuration of the split replay step (None: the defaults below).
+    """Launch configuration of the split replay step (None: the H200-tuned default for
+    the stored formats, see :func:`_split_defaults`).
 
     Output launch: ``out_kernel`` "heads" (a program per ``heads_per_program`` heads,
     a pipelined loop over heads, each head's tiles unrolled; per-head work done once),
     "tiles" (a program per ``tiles_per_program`` tiles, a pipelined loop over tiles) or
     "group" (the one-launch kernel's output path, one tile prefetched in registers,
     ``heads_per_program`` heads; its flush branch compiled out); ``block_p`` rows per
-    tile, ``num_warps``, ``stages`` (pipeline depth), ``maxnreg``.  Flush launch:
-    ``flush_rows`` per chunk, ``flush_chunks`` per unit (None = a whole head),
-    ``flush_stages``, ``flush_warps``, ``flush_ctas_per_sm`` (persistent programs per
-    SM), ``flush_maxnreg``.  The fold runs on the tensor
-    cores in two tf32 passes (three for an fp32 ring), splits explicit."""
+    tile, ``num_warps``, ``stages`` (pipeline depth), ``maxnreg`` (register cap; 0 =
+    none).  Flush launch: ``flush_rows`` per chunk, ``flush_chunks`` per unit (None = a
+    whole head), ``flush_stages``, ``flush_warps``, ``flush_ctas_per_sm`` (persistent
+    programs per SM), ``flush_maxnreg`` (0 = none).  The fold runs on the tensor cores
+    in two tf32 passes (three for an fp32 ring), splits explicit."""
 
-    out_kernel: str = "heads"
+    out_kernel: str | None = None
     block_p: int | None = None
     num_warps: int | None = None
     tiles_per_program: int | None = None
     heads_per_program: int | None = None
-    stages: int = 3
+    stages: int | None = None
     flush_rows: int = 16
     flush_chunks: int | None = None
-    flush_stages: int = 1
+    flush_stages: int | None = None
     flush_warps: int = 4
     flush_ctas_per_sm: int = 4
     maxnreg: int | None = None
@@ -356,17 +357,29 @@ def launch_replay(
 
 def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
                     need_amax: bool) -> SplitConfig:
-    """Fill the None fields of a split launch configuration (H200-tuned defaults)."""
+    """Fill the None fields of a split launch configuration.  Defaults (the H200
+    sweeps at batch 256, L = 16, nemotron-3-nano-4b / -super-120b shapes): an fp32 or
+    16-bit read copy streams through the "group" output kernel (4 warps, 4 heads per
+    program, 32-row tiles where they divide headdim, else 16); 1-byte and 4-bit copies
+    through 1-warp "heads" programs of 32-row tiles (4 heads, 2 for 4-bit; 2 pipeline
+    stages); flush chunks of 16 rows in a 3-stage pipeline (one stage for nvfp4, whose
+    units fold each head twice), 4 persistent programs per SM, capped at 128 registers
+    when a low-precision copy is encoded."""
     hpg = H // G
-    if cfg.out_kernel not in ("heads", "tiles", "group"):
-        raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', "
-                         f"got {cfg.out_kernel!r}")
-    heads = cfg.out_kernel != "tiles"
-    bp = cfg.block_p or (32 if heads else (64 if P % 64 == 0 else 32))
+    wide = _BYTES_BY_ID[rd_id] >= 2
+    kind = cfg.out_kernel or ("group" if wide else "heads")
+    if kind not in ("heads", "tiles", "group"):
+        raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
+    if kind == "group":
+        bp = cfg.block_p or (32 if P % 32 == 0 else 16)
+    else:
+        bp = cfg.block_p or (32 if kind == "heads" else (64 if P % 64 == 0 else 32))
     bp = max(16, min(bp, triton.next_power_of_2(P)))
     npb = triton.cdiv(P, bp)
-    nw = cfg.num_warps or (1 if cfg.out_kernel == "heads" else 4)
-    hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0) if heads else 1)
+    nw = cfg.num_warps or (1 if kind == "heads" else 4)
+    want = 2 if (kind == "heads" and _BYTES_BY_ID[rd_id] < 1) else 4
+    hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0 and d <= want)
+                                    if kind != "tiles" else 1)
     if hpg % hpp:
         raise ValueError(f"heads_per_program {hpp} must divide heads per group {hpg}")
     tpp = cfg.tiles_per_program or npb * hpp
@@ -375,8 +388,13 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
-    return replace(cfg, block_p=bp, num_warps=nw, heads_per_program=hpp,
-                   tiles_per_program=tpp, flush_chunks=fc)
+    return replace(cfg, out_kernel=kind, block_p=bp, num_warps=nw, heads_per_program=hpp,
+                   tiles_per_program=tpp, flush_chunks=fc,
+                   stages=cfg.stages or 2,
+                   flush_stages=cfg.flush_stages or (1 if need_amax else 3),
+                   maxnreg=cfg.maxnreg,
+                   flush_maxnreg=(0 if wide else 128) if cfg.flush_maxnreg is None
+                   else cfg.flush_maxnreg)
 
 
 def launch_split_step(
@@ -424,7 +442,7 @@ def launch_split_step(
     fb, nq = cfg.flush_rows, cfg.flush_chunks
     uph = triton.cdiv(P, fb * nq)
     nprog = max(1, min(batch * H * uph, _sm_count(x.device) * cfg.flush_ctas_per_sm))
-    extra = {} if cfg.flush_maxnreg is None else {"maxnreg": cfg.flush_maxnreg}
+    extra = {"maxnreg": cfg.flush_maxnreg} if cfg.flush_maxnreg else {}
     m2_flush_kernel[(nprog,)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
@@ -440,7 +458,7 @@ def launch_split_step(
     )
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program
     npb = triton.cdiv(P, bp)
-    extra = {} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
+    extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
     args = (*rd.kernel_args(), rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
             x, dt, B, C, zz, out, params.A, D, dtb, *strides, H, G, P, L, LR)
     common = dict(N=N, BLOCK_P=bp, NPB=npb, NS=cfg.stages, RB=RB, RD_FMT=rd.fmt_id,

@@ -73,7 +73,7 @@ CANDIDATES: dict[str, list] = {
     ],
     "verify-T4": [(16, 4), (32, 4)],
 }
-_F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=None)
+_F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
     "replay-fp32": [
         _F3,
@@ -86,7 +86,7 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
     ],
     "split-fp16sr-nvfp4": [
         _NF,
-        dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=None),
+        dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=0),
     ],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",
