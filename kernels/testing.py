@@ -13,8 +13,9 @@ import sys
 
 import torch
 
-_MODULES = ("tl_formats", "tl_common", "state", "codec", "mamba2_conv", "mamba2_kernel",
-            "mamba2_step", "mamba2_spec", "mamba2_backend", "backend")
+_MODULES = ("tl_formats", "tl_common", "tl_mamba2_fast", "state", "codec", "mamba2_conv",
+            "mamba2_kernel", "mamba2_fast", "mamba2_step", "mamba2_spec", "mamba2_backend",
+            "gdn_extra", "gdn_decode", "gdn_backend", "backend")
 
 
 def kernel_device() -> str:
