@@ -24,8 +24,18 @@ def test_drift_dataset_is_the_same_on_both_backends(model: str, checkpoint: str)
     assert a.attrs["backend"] == "torch" and b.attrs["backend"] == "triton"
     ra, rb = a["rel_err"].values, b["rel_err"].values
     assert np.isfinite(ra).all() and np.isfinite(rb).all()
-    # same stored bits up to fp32 reassociation of the sums: errors agree closely
-    np.testing.assert_allclose(rb, ra, rtol=2e-2, atol=1e-7)
+    # The kernels' outputs agree with the torch engine's to ~1e-5 relative (tensor-core
+    # flush products, other summation orders), which moves an error by at most about
+    # that much: fp32-floor errors (flush steps, window 1 with an fp32 checkpoint) may
+    # differ by several times, so those are compared absolutely.  A stochastically
+    # rounded checkpoint can take another rounding where the fp32 states differ by an
+    # ulp, so lossy errors are compared to a few percent.
+    np.testing.assert_allclose(rb, ra, rtol=5e-2, atol=5e-5)
     sa, sb = a["state_rel_err"].values, b["state_rel_err"].values
     assert (np.isnan(sa) == np.isnan(sb)).all()
-    np.testing.assert_allclose(sb[~np.isnan(sb)], sa[~np.isnan(sa)], rtol=2e-2, atol=1e-7)
+    np.testing.assert_allclose(sb[~np.isnan(sb)], sa[~np.isnan(sa)], rtol=5e-2, atol=5e-5)
+    # what a user reads off the study: the late error of every lossy configuration
+    late_a, late_b = ra[..., -8:].mean(-1), rb[..., -8:].mean(-1)
+    lossy = late_a > 1e-4
+    assert lossy.any()
+    np.testing.assert_allclose(late_b[lossy], late_a[lossy], rtol=2e-2)
