@@ -1,0 +1,287 @@
+"""Offline sm_90 compile of the Mamba-2 split-launch and verify kernels: SASS
+instructions, registers and spills per kernel variant, without a GPU.
+
+Each variant is one real host call (``launch_split_step`` / ``mamba2_verify``) on
+CPU tensors with the launches intercepted: the exact arguments, constexprs and
+options of every launch are turned into an ``ASTSource`` and compiled with
+``triton.compile(..., target=GPUTarget("cuda", 90, 64))``; the cubin is
+disassembled with the ``cuobjdump`` that Triton ships.  Pointers are taken as
+16-byte aligned and integer arguments divisible by 16 as such (as a launch on the
+device specialises them); ``HW_CVT`` is forced on (compiled code).
+
+Counts are static instructions of the whole kernel (all branches, both passes of an
+nvfp4 flush; NOPs excluded): compare variants of the same kernel, not kernels.
+
+    python benchmarks/sass_count.py                       # all variants, nano-4b shape
+    python benchmarks/sass_count.py --model nemotron-3-super-120b --only flush
+    python benchmarks/sass_count.py --json out.json --dump /tmp/sass   # keep the SASS
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+_PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
+        torch.int16: "*i16", torch.int32: "*i32", torch.int64: "*i64", torch.uint8: "*u8",
+        torch.int8: "*i8"}
+
+
+def _tools() -> tuple[str, str]:
+    base = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return str(base / "cuobjdump"), str(base / "nvdisasm")
+
+
+class _Recorder:
+    """Intercepts ``JITFunction.run``: records (fn, args, kwargs) instead of launching."""
+
+    def __init__(self):
+        self.calls: list[tuple[JITFunction, tuple, dict]] = []
+        self._orig = None
+
+    def __enter__(self):
+        self._orig = JITFunction.run
+        rec = self
+
+        def run(fn, *args, grid, warmup, **kwargs):
+            rec.calls.append((fn, args, kwargs))
+
+        JITFunction.run = run
+        return self
+
+    def __exit__(self, *exc):
+        JITFunction.run = self._orig
+
+
+_OPTION_KEYS = ("num_warps", "num_stages", "maxnreg", "num_ctas")
+
+
+def compile_call(fn: JITFunction, args: tuple, kwargs: dict, overrides: dict | None = None):
+    """Compile one recorded launch for sm_90; returns the CompiledKernel."""
+    kwargs = dict(kwargs)
+    opts = {k: kwargs.pop(k) for k in _OPTION_KEYS if k in kwargs}
+    bound = dict(zip(fn.arg_names, args))
+    bound.update(kwargs)
+    for p in fn.params:  # defaults of constexprs left out at the call
+        if p.name not in bound and p.default is not None:
+            bound[p.name] = p.default
+    bound.update(overrides or {})
+    sig, consts, attrs = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        v = bound[p.name]
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+            consts[p.name] = v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = _PTR[v.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool):
+            sig[p.name] = "i1"
+        elif isinstance(v, int):
+            if not p.do_not_specialize and v == 1:
+                sig[p.name] = "constexpr"
+                consts[p.name] = 1
+                continue
+            sig[p.name] = "i64" if abs(v) >= 2**31 else "i32"
+            if not p.do_not_specialize and v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[p.name] = "fp32"
+        elif v is None:
+            sig[p.name] = "constexpr"
+            consts[p.name] = None
+        else:
+            raise TypeError(f"{p.name}: {type(v)}")
+    src = ASTSource(fn, sig, consts, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=opts)
+
+
+def sass_of(kernel) -> str:
+    cuobjdump, _ = _tools()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(kernel.asm["cubin"])
+        return subprocess.run([cuobjdump, "-sass", str(path)], check=True, capture_output=True,
+                              text=True).stdout
+
+
+_INSN = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def count_sass(text: str) -> tuple[int, collections.Counter]:
+    """Static instruction count (NOP and the trailing BRA-to-self excluded) and opcodes."""
+    ops = collections.Counter()
+    for line in text.splitlines():
+        m = _INSN.match(line)
+        if m:
+            op = m.group(2).split(".")[0]
+            if op != "NOP":
+                ops[op] += 1
+    return sum(ops.values()), ops
+
+
+def _stats(kernel, sass: str) -> dict:
+    total, ops = count_sass(sass)
+    md = kernel.metadata
+    regs, spills = ptxas_usage(kernel)
+    return {"sass": total, "regs": regs, "spills": spills, "shared": md_get(md, "shared"),
+            "top": dict(ops.most_common(8))}
+
+
+def md_get(md, key):
+    try:
+        return getattr(md, key)
+    except AttributeError:
+        return md.get(key) if isinstance(md, dict) else None
+
+
+def ptxas_usage(kernel) -> tuple[int | None, int | None]:
+    """Registers and spill-store bytes as ``ptxas -v`` reports them for the kernel's PTX
+    (its ``.maxnreg`` directive included)."""
+    ptxas = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.ptx"
+        path.write_text(kernel.asm["ptx"])
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(path), "-o", str(Path(d) / "o")],
+                             capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    r = re.search(r"Used (\d+) registers", text)
+    s = re.search(r"(\d+) bytes spill stores", text)
+    return (int(r.group(1)) if r else None), (int(s.group(1)) if s else None)
+
+
+# ------------------------------------------------------------------ variants
+
+
+def _problem(model: str, batch: int):
+    from precisionlab.presets import get_preset
+
+    p = get_preset(model)
+    return p.heads, p.head_dim, p.state_dim, p.groups, batch
+
+
+def split_calls(model: str, ck: str, rd: str | None, cfg, L: int = 16, batch: int = 8):
+    """Recorded launches of one split replay step (flush launch, output launch)."""
+    from precisionlab.kernels.mamba2_step import (
+        HeadParams,
+        Mamba2Cache,
+        launch_split_step,
+        slot_indices,
+    )
+
+    H, P, N, G, b = _problem(model, batch)
+    cache = Mamba2Cache.allocate(b, H, P, N, G, checkpoint_format=ck, read_format=rd,
+                                 window=L, device="cpu", launch="split", split_config=cfg)
+    bf = dict(dtype=torch.bfloat16)
+    x, z = torch.zeros(b, H, P, **bf), torch.zeros(b, H, P, **bf)
+    B, C = torch.zeros(b, G, N, **bf), torch.zeros(b, G, N, **bf)
+    dt = torch.zeros(b, H, **bf)
+    head = HeadParams(-torch.ones(H), torch.ones(H), torch.zeros(H))
+    out = torch.empty(b, H, P)
+    with _Recorder() as rec:
+        launch_split_step(cache, x, dt, B, C, head, z=z, out=out,
+                          state_indices=slot_indices(b, x.device), dt_softplus=True)
+    return rec.calls
+
+
+def verify_calls(model: str, ck: str, rd: str | None, launch: str, T: int = 4, L: int = 16,
+                 batch: int = 8, block_p: int | None = None, num_warps: int | None = None):
+    from precisionlab.kernels.mamba2_spec import mamba2_verify
+    from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache
+
+    H, P, N, G, b = _problem(model, batch)
+    cache = Mamba2Cache.allocate(b, H, P, N, G, checkpoint_format=ck, read_format=rd,
+                                 window=L, device="cpu", speculative=True)
+    bf = dict(dtype=torch.bfloat16)
+    x, z = torch.zeros(b, T, H, P, **bf), torch.zeros(b, T, H, P, **bf)
+    B, C = torch.zeros(b, T, G, N, **bf), torch.zeros(b, T, G, N, **bf)
+    dt = torch.zeros(b, T, H, **bf)
+    head = HeadParams(-torch.ones(H), torch.ones(H), torch.zeros(H))
+    kw = {} if launch == "single" else {"verify_launch": launch}
+    with _Recorder() as rec:
+        mamba2_verify(cache, x, dt, B, C, head, z=z, dt_softplus=True, block_p=block_p,
+                      num_warps=num_warps, **kw)
+    return rec.calls
+
+
+def variants(model: str) -> list[tuple[str, str, list]]:
+    """(name, kind, recorded calls) of every variant worth comparing."""
+    from precisionlab.kernels.mamba2_step import SplitConfig
+
+    out = []
+    designs = {"fp8": ("fp32", "fp8-e4m3"), "nvfp4": ("fp16-sr", "nvfp4"),
+               "shared-nvfp4": ("nvfp4", None)}
+    encs = ["ref"]
+    if "flush_encoder" in SplitConfig.__dataclass_fields__:
+        encs.append("fast")
+    for d, (ck, rd) in designs.items():
+        for enc in encs:
+            kw = {} if enc == "ref" else {"flush_encoder": enc}
+            calls = split_calls(model, ck, rd, SplitConfig(**kw))
+            out.append((f"split-{d} flush encoder={enc}", "flush", calls[:1]))
+            if enc == "ref":
+                out.append((f"split-{d} output", "output", calls[1:]))
+    import inspect
+
+    from precisionlab.kernels.mamba2_spec import mamba2_verify
+
+    launches = ["single"]
+    if "verify_launch" in inspect.signature(mamba2_verify).parameters:
+        launches.append("staged")
+    for launch in launches:
+        calls = verify_calls(model, "fp32", None, launch)
+        out.append((f"verify-T4 fp32 {launch}", "verify", calls))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="nemotron-3-nano-4b")
+    ap.add_argument("--only", choices=("flush", "output", "verify"), default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--dump", default=None, help="folder for the SASS text of every kernel")
+    a = ap.parse_args(argv)
+    rows = []
+    for name, kind, calls in variants(a.model):
+        if a.only and kind != a.only:
+            continue
+        for fn, args, kwargs in calls:
+            over = {"HW_CVT": True} if "HW_CVT" in fn.arg_names else {}
+            k = compile_call(fn, args, kwargs, over)
+            sass = sass_of(k)
+            st = _stats(k, sass)
+            row = {"variant": name, "kernel": fn.__name__, **st}
+            rows.append(row)
+            print(f"{name:40s} {fn.__name__:22s} sass {st['sass']:6d}  regs {st['regs']}  "
+                  f"spills {st['spills']}  smem {st['shared']}", flush=True)
+            if a.dump:
+                d = Path(a.dump)
+                d.mkdir(parents=True, exist_ok=True)
+                fname = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{name}_{fn.__name__}") + ".sass"
+                (d / fname).write_text(sass)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"model": a.model, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
