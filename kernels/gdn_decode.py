@@ -67,7 +67,7 @@ import triton
 import triton.language as tl
 
 from .codec import as_int32
-from .gdn_extra import inv_unit_lower, load_tile, qk_at, tile_dots
+from .gdn_extra import inv_unit_lower, load_tile, qk_at, store_state_fast, tile_dots
 from .state import StateStore
 from .tl_common import (
     RING_BF16,
@@ -100,6 +100,8 @@ _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
                  torch.float16: torch.int16}
 DOT_PRECISIONS = ("tf32x2", "tf32x3", "ieee")
 LAUNCHES = ("fused", "split", "staged")
+FLUSH_GRIDS = ("persistent", "units")
+FLUSH_PASSES = ("recompute", "scratch")
 
 
 # ---------------------------------------------------------------- device helpers
@@ -260,14 +262,22 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 LOG2RP: tl.constexpr,
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
                 STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
-                NOLICM: tl.constexpr = True):
+                NOLICM: tl.constexpr = True, scr=None, SCRATCH: tl.constexpr = False,
+                FAST: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
     copy (F_FMT) and the fp32 state to ``fresh`` (FRESH).  SR step ``t``.
 
     The products ``k_i . k_j`` (j < i) come from ``ring_kk`` (row i written with entry
-    i); this step's row is computed here."""
+    i); this step's row is computed here.
+
+    An nvfp4 copy folded in several chunks needs the matrix amax first: by default
+    (SCRATCH 0) a first pass folds every chunk for the amax only and the second folds
+    them again and writes; with SCRATCH the first pass also writes everything that
+    needs no amax and the fp32 rows to ``scr`` (the unit's ``(BVF, K)`` scratch), and
+    the second pass only encodes the nvfp4 copies from those rows (the same fp32 values,
+    so the same bits).  FAST: :func:`gdn_extra.encode_tile_fast` encoders."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
@@ -292,6 +302,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     e_last = tl.exp(c_last)
     NC: tl.constexpr = BVF // FB
     AMAX: tl.constexpr = (C_FMT == K_NVFP4) or (F_FMT == K_NVFP4)
+    C4: tl.constexpr = C_FMT == K_NVFP4
+    F4: tl.constexpr = F_FMT == K_NVFP4
     amax = 0.0
     if C_FMT == K_NVFP4:
         s2_old = tl.load(c_s2 + mat)
@@ -305,7 +317,26 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
         if AMAX:
             amax = matrix_amax(Sn)
         _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
-                    offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH)
+                    offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST)
+    elif AMAX and SCRATCH:
+        offs_k = tl.arange(0, K)
+        for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
+            offs_v = v0 + c * FB + tl.arange(0, FB)
+            Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
+                             offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
+                             C_FMT, RING, STEP, DOT)
+            amax = tl.maximum(amax, matrix_amax(Sn))
+            tl.store(scr + (offs_v - v0)[:, None] * K + offs_k[None, :], Sn)
+            _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
+                        offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, not C4,
+                        not F4, FAST)
+        tl.debug_barrier()  # the scratch rows are read back by other threads
+        for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
+            offs_v = v0 + c * FB + tl.arange(0, FB)
+            Sn = tl.load(scr + (offs_v - v0)[:, None] * K + offs_k[None, :])
+            _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
+                        offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, False, False, C4, F4,
+                        FAST)
     else:
         if AMAX:  # first pass: the matrix amax only (the second reads L2-hot data)
             for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
@@ -320,24 +351,28 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                              n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING,
                              STEP, DOT)
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
-                        offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH)
+                        offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True,
+                        FAST)
 
 
 @triton.jit
 def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat, offs_v,
                 q, seed, t, K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr,
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, STEP: tl.constexpr,
-                FRESH: tl.constexpr):
-    """Store fresh rows: the fp32 state (FRESH), the checkpoint (SR seed), the read copy
-    (seed + 1) and, for a step flush, the step's output ``S q``."""
+                FRESH: tl.constexpr, W_C: tl.constexpr = True, W_F: tl.constexpr = True,
+                FAST: tl.constexpr = False):
+    """Store fresh rows: the fp32 state (FRESH), the checkpoint (W_C; SR seed), the read
+    copy (W_F; seed + 1) and, for a step flush, the step's output ``S q``."""
     mrow = offs_v < V
     if FRESH:
         offs_k = tl.arange(0, K)
         tl.store(fresh + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], Sn)
-    store_state(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT, FB, K)
-    if F_FMT != K_NONE:
-        store_state(f_data, f_s1, f_s2, Sn, mat, offs_v, mrow, V, seed + 1, t, amax, F_FMT, FB,
-                    K)
+    if W_C:
+        store_state_fast(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT,
+                         FB, K, FAST)
+    if W_F and (F_FMT != K_NONE):
+        store_state_fast(f_data, f_s1, f_s2, Sn, mat, offs_v, mrow, V, seed + 1, t, amax,
+                         F_FMT, FB, K, FAST)
     if STEP:
         tl.store(out_row + offs_v, tl.sum(Sn * q[None, :], axis=1))
 
@@ -679,16 +714,47 @@ def _out_kernel(
         ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
 
 
+@triton.jit
+def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, c_s1, c_s2,
+                f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh, scr, seed,
+                bidx, slot, h, part, n, t,
+                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BVF: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr, R: tl.constexpr,
+                RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr,
+                F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
+                COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
+                SCRATCH: tl.constexpr, FAST: tl.constexpr):
+    """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
+    hk = h // (HV // HK)
+    mat = slot.to(tl.int64) * HV + h
+    rbase = slot.to(tl.int64) * R
+    if COMMIT:
+        _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
+                    ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
+                    0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                    RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST)
+    else:
+        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
+                                K, RING)
+        g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
+        _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
+                    ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
+                    out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
+                    beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                    RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST)
+
+
 @triton.jit(do_not_specialize=["seed", "B"])
 def _flush_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, accepted, skip, out,
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_g, ring_b, ring_kk, ring_len, steps, tickets, fresh, seed, B,
+    ring_k, ring_v, ring_g, ring_b, ring_kk, ring_len, steps, tickets, fresh, scr, seed, B,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BVF: tl.constexpr,
     FB: tl.constexpr, FNS: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     LOG2RP: tl.constexpr, BP: tl.constexpr, PCLK: tl.constexpr,
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
     COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
+    UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -696,62 +762,84 @@ def _flush_kernel(
     A step flush (COMMIT 0: the clock's position is L - 1; ring + this step) writes
     the step's output, and program 0 writes ``skip`` (1 where the row flushed) for
     the output launch that follows; a commit flush (COMMIT 1: ring_len + accepted >= L
-    committed entries) writes none.  No counter is written here."""
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
-    offs_b = tl.arange(0, BP)
-    inb = offs_b < B
-    sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
-    live = sl >= 0
-    sl0 = tl.maximum(sl, 0)
-    if COMMIT:
-        acc = tl.load(accepted + offs_b, mask=inb, other=0)
-        nb = tl.load(ring_len + sl0, mask=live, other=0) + acc
-        tb = tl.load(steps + sl0, mask=live, other=0) + acc - 1  # SR step: last committed
-        flag = live & (nb >= L)
-    else:
-        tb = tl.load(tickets + sl0, mask=live, other=0) // PCLK
-        nb = tb % L
-        flag = live & (nb == L - 1)
-        if pid == 0:
-            tl.store(skip + offs_b, flag.to(tl.int32), mask=inb)
-    fl = flag.to(tl.int32)
-    key = tl.where(flag, tl.cumsum(fl, axis=0), 0)  # j + 1 at the j-th flushing row
+    committed entries) writes none.  No counter is written here.
+
+    UNITS: one program per unit instead, grid ``(HV * V // BVF, B)``: a program reads
+    its row's slot and clock (two scalar loads) and returns unless the row flushes, so
+    the hardware overlaps one unit's set-up (ring tiles, triangular inverse) with
+    another's streaming.  SCRATCH (nvfp4 copies in several chunks): the unit's fp32
+    rows go to ``scr`` (per program of a persistent launch, per unit with UNITS) and
+    the second pass encodes from there instead of folding again."""
     NU: tl.constexpr = V // BVF
-    units = tl.sum(fl, axis=0) * (HV * NU)
-    u = pid
-    while u < units:
-        j = u // (HV * NU)
-        h = (u // NU) % HV
+    if UNITS:
+        u = tl.program_id(0)
+        bidx = tl.program_id(1)
+        h = u // NU
         part = u % NU
-        # the unit's sequence, slot, entry count and SR step from the vectors above: the
-        # unit's loads need no scalar round trip first
-        sel = key == j + 1
-        bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0)
-        slot = tl.sum(tl.where(sel, sl0, 0), axis=0)
+        sl = tl.load(state_idx + bidx)
+        sl0 = tl.maximum(sl, 0)
         if COMMIT:
-            n = tl.sum(tl.where(sel, nb, 0), axis=0)
+            acc = tl.load(accepted + bidx)
+            n = tl.load(ring_len + sl0) + acc
+            t = tl.load(steps + sl0) + acc - 1
+            flag = (sl >= 0) & (n >= L)
         else:
+            t = tl.load(tickets + sl0) // PCLK
             n = L - 1
-        t = tl.sum(tl.where(sel, tb, 0), axis=0)
-        hk = h // (HV // HK)
-        mat = slot.to(tl.int64) * HV + h
-        rbase = slot.to(tl.int64) * R
+            flag = (sl >= 0) & (t % L == L - 1)
+            if u == 0:
+                tl.store(skip + bidx, flag.to(tl.int32))
+        if flag:
+            _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, c_s1,
+                        c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk,
+                        fresh, scr + (sl0.to(tl.int64) * (HV * NU) + u) * (BVF * K), seed,
+                        bidx, sl0, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP, LOG2RP,
+                        C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST)
+    else:
+        pid = tl.program_id(0)
+        G = tl.num_programs(0)
+        offs_b = tl.arange(0, BP)
+        inb = offs_b < B
+        sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
+        live = sl >= 0
+        sl0 = tl.maximum(sl, 0)
         if COMMIT:
-            _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
-                        ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
-                        0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                        RING, False, FRESH, DOT, NOLICM)
+            acc = tl.load(accepted + offs_b, mask=inb, other=0)
+            nb = tl.load(ring_len + sl0, mask=live, other=0) + acc
+            tb = tl.load(steps + sl0, mask=live, other=0) + acc - 1  # SR step: last committed
+            flag = live & (nb >= L)
         else:
-            q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
-                                    K, RING)
-            g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
-            _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
-                        ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
-                        out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
-                        beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                        RING, True, FRESH, DOT, NOLICM)
-        u += G
+            tb = tl.load(tickets + sl0, mask=live, other=0) // PCLK
+            nb = tb % L
+            flag = live & (nb == L - 1)
+            if pid == 0:
+                tl.store(skip + offs_b, flag.to(tl.int32), mask=inb)
+        fl = flag.to(tl.int32)
+        key = tl.where(flag, tl.cumsum(fl, axis=0), 0)  # j + 1 at the j-th flushing row
+        units = tl.sum(fl, axis=0) * (HV * NU)
+        scr_p = scr + pid.to(tl.int64) * (BVF * K)
+        u = pid
+        while u < units:
+            j = u // (HV * NU)
+            h = (u // NU) % HV
+            part = u % NU
+            # the unit's sequence, slot, entry count and SR step from the vectors above: the
+            # unit's loads need no scalar round trip first
+            sel = key == j + 1
+            bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0)
+            slot = tl.sum(tl.where(sel, sl0, 0), axis=0)
+            if COMMIT:
+                n = tl.sum(tl.where(sel, nb, 0), axis=0)
+            else:
+                n = L - 1
+            t = tl.sum(tl.where(sel, tb, 0), axis=0)
+            _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, c_s1,
+                        c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
+                        scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
+                        LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST)
+            if SCRATCH:
+                tl.debug_barrier()  # the next unit rewrites the scratch rows
+            u += G
 
 
 @triton.jit
@@ -1013,7 +1101,10 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     (one program per sequence and k-head) and an output launch of small tiles
     (16-64 rows, 1-2 warps: many resident programs, each waiting only for the slot
     index and the ring position before all its loads); verify also staged (32-row
-    tiles, 2 warps).  Picked from sweeps on an H200 (qwen3.5-4b, batch 256, L = 16)."""
+    tiles, 2 warps).  Picked from sweeps on an H200 (qwen3.5-4b, batch 256, L = 16); the
+    staged prep launch uses plain (masked) ring loads, measured faster there than eager
+    ones (14.8 vs 16.3 us).  Opt-in flush variants (not yet measured on a GPU):
+    ``flush_grid="units"``, ``flush_pass="scratch"``, ``fast_encode=True``."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1023,7 +1114,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
                     verify_stages=1, eager=True, prep_num_warps=2,
-                    verify_launch="single", flush_licm=False)
+                    verify_launch="single", flush_licm=False, flush_grid="persistent",
+                    flush_pass="recompute", fast_encode=False)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
     fp32 = (read or checkpoint) == "fp32"
     return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128 if fp32 else 168,
@@ -1031,7 +1123,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 verify_maxnreg=0, flush_ctas_per_sm=4 if fp32 else 3,
                 out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
                 out_stages=1, verify_block_v=min(V, 32), verify_num_warps=2, verify_stages=2,
-                eager=True, prep_num_warps=2, verify_launch="staged", flush_licm=False)
+                eager=False, prep_num_warps=2, verify_launch="staged", flush_licm=False,
+                flush_grid="persistent", flush_pass="recompute", fast_encode=False)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1136,6 +1229,14 @@ class GDNReplayCache:
       exact in tf32 -- a bf16 or fp16 ring; with an fp32 ring it means ``"tf32x3"``),
       ``"tf32x3"`` (three passes) or ``"ieee"`` (fp32 FMAs).  Default: ``"tf32x2"``.
     * ``verify_block_v`` / ``verify_num_warps`` / ``verify_stages``: the verify kernel.
+    * ``flush_grid``: ``"persistent"`` (default) or ``"units"`` (the split/staged flush
+      launch as one program per (row, head, block_v rows) unit; programs of rows that
+      do not flush return after two scalar loads).
+    * ``flush_pass``: ``"recompute"`` (default: a chunked nvfp4 flush folds every
+      chunk twice, once for the matrix amax) or ``"scratch"`` (the first pass keeps
+      the fp32 rows in a global scratch, the second only encodes them).
+    * ``fast_encode``: the flush's encoders by integer rounding
+      (:func:`gdn_extra.encode_tile_fast`; the same bits).
     * ``maxnreg`` (fused or flush launch), ``out_maxnreg``, ``verify_maxnreg``: register
       caps per thread (0: none, the compiler's choice; None: the default).
 
@@ -1159,6 +1260,8 @@ class GDNReplayCache:
         out_maxnreg: int | None = None, verify_maxnreg: int | None = None,
         eager: bool | None = None, prep_num_warps: int | None = None,
         verify_launch: str | None = None, flush_licm: bool | None = None, keep_fresh: bool = False,
+        flush_grid: str | None = None, flush_pass: str | None = None,
+        fast_encode: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1187,7 +1290,8 @@ class GDNReplayCache:
                      out_maxnreg=out_maxnreg, verify_maxnreg=verify_maxnreg,
                      flush_ctas_per_sm=flush_ctas_per_sm, eager=eager,
                      prep_num_warps=prep_num_warps, verify_launch=verify_launch,
-                     flush_licm=flush_licm,
+                     flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
+                     fast_encode=fast_encode,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -1206,10 +1310,18 @@ class GDNReplayCache:
         self.eager, self.prep_num_warps = bool(cfg["eager"]), cfg["prep_num_warps"]
         self.verify_launch = cfg["verify_launch"]
         self.flush_licm = bool(cfg["flush_licm"])
+        self.flush_grid, self.flush_pass = cfg["flush_grid"], cfg["flush_pass"]
+        self.fast_encode = bool(cfg["fast_encode"])
+        if self.flush_grid not in FLUSH_GRIDS:
+            raise ValueError(f"flush_grid must be one of {FLUSH_GRIDS}, got {self.flush_grid!r}")
+        if self.flush_pass not in FLUSH_PASSES:
+            raise ValueError(f"flush_pass must be one of {FLUSH_PASSES}, got "
+                             f"{self.flush_pass!r}")
         if self.verify_launch not in ("single", "staged"):
             raise ValueError(f"verify_launch must be 'single' or 'staged', got "
                              f"{self.verify_launch!r}")
         self._vscratch = None
+        self._fscratch = None
         self.compiled: dict = {}
         """The last compiled kernel of each launch (``n_regs``, ``n_spills``: tuning aid)."""
         self.BV, self.num_warps = cfg["block_v"], cfg["num_warps"]
@@ -1386,22 +1498,43 @@ class GDNReplayCache:
             r.fmt_id, self.ring_id, num_warps=self.out_num_warps, maxnreg=self.out_maxnreg,
         )
 
+    def _flush_scratch(self, programs: int, B: int) -> torch.Tensor | None:
+        """fp32 rows of the scratch flush pass (None where it is not used): one
+        ``(block_v, K)`` block per persistent program, or per unit of every slot."""
+        whole = "nvfp4" in (self.ckpt.fmt, self.read.fmt if self.read is not None else "")
+        if self.flush_pass != "scratch" or not whole or self.BV == self.FB:
+            return None
+        n = self.slots * self.HV * (self.V // self.BV) if self.flush_grid == "units" \
+            else programs
+        if self._fscratch is None or self._fscratch.numel() < n * self.BV * self.K:
+            self._fscratch = torch.empty(n * self.BV * self.K, dtype=torch.float32,
+                                         device=self.ring_g.device)
+        return self._fscratch
+
     def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, commit: bool
                ) -> None:
-        """The persistent flush launch (returns at once where nothing flushes)."""
+        """The flush launch (returns at once where nothing flushes): persistent, or one
+        program per unit (``flush_grid="units"``)."""
         B = state_indices.shape[0]
         c, fargs, f_id = self._copies()
-        units = B * self.HV * (self.V // self.BV)
-        grid = (max(1, min(units, self.n_sm * self.flush_ctas_per_sm)),)
+        NU = self.V // self.BV
+        units = B * self.HV * NU
+        if self.flush_grid == "units":
+            grid = (self.HV * NU, B)
+        else:
+            grid = (max(1, min(units, self.n_sm * self.flush_ctas_per_sm)),)
+        scr = self._flush_scratch(grid[0], B)
         self.compiled["flush"] = _flush_kernel[grid](
             q, k, v, a, b, A_log, dt_bias, state_indices, accepted, self._skip_flags(B), out,
             *c.kernel_args(), *fargs, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.ring_len, self.counters.steps, self.counters.tickets,
-            self.fresh if self.fresh is not None else self.ring_g, as_int32(self.seed), B,
+            self.fresh if self.fresh is not None else self.ring_g,
+            scr if scr is not None else self.ring_g, as_int32(self.seed), B,
             self.HK, self.HV, self.K, self.V, self.BV, self.FB, self.flush_stages, self.L, self.R,
             self.RP,
             self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
             self.ring_id, self.fresh is not None, commit, self.dot, not self.flush_licm,
+            self.flush_grid == "units", scr is not None, self.fast_encode,
             num_warps=self.num_warps,
             maxnreg=self.maxnreg,
         )

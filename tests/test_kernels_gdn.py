@@ -18,6 +18,8 @@ for _m in ("gdn_extra", "gdn_decode", "gdn_backend"):  # compiled-mode leftovers
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
 from precisionlab.kernels.gdn_backend import TritonGDNDesign, supports  # noqa: E402
@@ -28,7 +30,9 @@ from precisionlab.kernels.gdn_decode import (  # noqa: E402
     empty_store,
     store_into,
 )
+from precisionlab.kernels.gdn_extra import store_state_fast  # noqa: E402
 from precisionlab.kernels.state import StateStore  # noqa: E402
+from precisionlab.kernels.tl_formats import FORMAT_IDS, matrix_amax  # noqa: E402
 from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import gdn  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
@@ -122,6 +126,78 @@ def test_conventional_sr_write_back_bits(fmt: str) -> None:
                           counters=counters, seed=9)
         assert_bits(sr, exact.codes, 9, t, torch.arange(2, device=DEV), near=DEVICE == "cuda")
     assert counters.steps.tolist() == [2, 2] and counters.tickets.tolist() == [0, 0]
+
+
+# ------------------------------------------------------------- fast encoders
+@triton.jit(do_not_specialize=["seed", "step"])
+def _encode_pair(S, a_c, a_s1, a_s2, b_c, b_s1, b_s2, seed, step, P: tl.constexpr, N: tl.constexpr,
+                 FMT: tl.constexpr):
+    """Each program encodes one (P, N) matrix with tl_formats' encoders (a) and the
+    fast ones (b)."""
+    mat = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, P)
+    x = tl.load(S + mat * (P * N) + offs[:, None] * N + tl.arange(0, N)[None, :])
+    amax = matrix_amax(x)
+    store_state_fast(a_c, a_s1, a_s2, x, mat, offs, offs < P, P, seed, step, amax, FMT, P, N,
+                     False)
+    store_state_fast(b_c, b_s1, b_s2, x, mat, offs, offs < P, P, seed, step, amax, FMT, P, N,
+                     True)
+
+
+def _hard_values(fmt: str, mats: int, P: int, N: int) -> torch.Tensor:
+    """Random magnitudes over many binades (subnormals included), rounding midpoints of
+    the format's element grid (and their fp32 neighbours) placed where the scales come
+    out as 1, and non-finite values in the last matrix."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.empty(mats, P, N).uniform_(1, 2, generator=g)
+    x *= torch.exp2(torch.randint(-140, 12, (mats, P, N), generator=g).float())
+    x *= torch.where(torch.rand(mats, P, N, generator=g) < 0.5, -1.0, 1.0)
+    if fmt in ("fp8-e4m3", "nvfp4", "mxfp4"):
+        if fmt == "fp8-e4m3":  # row amax 448: row scale 1, y = S
+            grid = torch.tensor([0.0] + [2.0 ** (e - 3) * (8 + m) / 8 for e in range(-6, 9)
+                                         for m in range(8)][:-1])
+            grid = torch.cat([grid[grid < 2.0**-6 * 1.01], grid[grid >= 2.0**-6]])
+            top = 448.0
+        else:  # nvfp4: matrix amax 2688 -> s2 = 1, blocks holding 6 -> scale 1; mxfp4 too
+            grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+            top = 6.0
+        mid = (grid[1:] + grid[:-1]) / 2
+        pts = torch.cat([mid, torch.nextafter(mid, torch.zeros(1)),
+                         torch.nextafter(mid, torch.full((1,), 1e9)), grid, -mid])
+        pts = pts[torch.randperm(len(pts), generator=g)]
+        flat = x[0].reshape(-1)
+        flat[: len(pts)] = pts[: flat.numel()]
+        x[0] = flat.reshape(P, N)
+        x[0, :, 0] = top  # every row (fp8) / first block of every row (nvfp4, mxfp4)
+        if fmt != "fp8-e4m3":
+            x[0, :, 16] = top
+            x[0, 0, 1] = 2688.0 if fmt == "nvfp4" else x[0, 0, 1]
+            if fmt == "nvfp4":  # the 2688 block: its own scale; others keep scale 1
+                x[0, 0, :16] = torch.tensor([2688.0] + [1.0] * 15)
+    x[-1, 0, 3] = float("inf")
+    x[-1, 1, 5] = float("nan")
+    x[-1, 2, 7] = -float("inf")
+    x[-1, 3, :] = 0.0
+    x[-1, 4, 2] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("fmt", ["fp8-e4m3", "nvfp4", "mxfp4", "fp16-sr", "bf16-sr"])
+def test_fast_encoders_write_the_same_bits(fmt: str) -> None:
+    """gdn_extra.encode_tile_fast (integer-rounded minifloat codes, SR by a power-of-two
+    product) writes tl_formats' bits, and formats/' bits for finite matrices."""
+    mats, P, N = 4, 16, 32
+    S = _hard_values(fmt, mats, P, N).to(DEV)
+    a = empty_store(fmt, (1, mats, P, N), DEV)
+    b = empty_store(fmt, (1, mats, P, N), DEV)
+    _encode_pair[(mats,)](S, *a.kernel_args(), *b.kernel_args(), 5, 3, P, N,
+                          FORMAT_IDS[fmt])
+    for x, y in zip(a.tensors(), b.tensors(), strict=True):
+        assert torch.equal(bits(x), bits(y)), fmt
+    ref = StateStore.encode(S[:-1].reshape(1, mats - 1, P, N), fmt, seed=5, step=3)
+    for x, y in zip(b.tensors(), ref.tensors(), strict=True):
+        n = y.numel()
+        assert torch.equal(bits(x).reshape(-1)[:n], bits(y).reshape(-1)), fmt
 
 
 # ---------------------------------------------------------------- replay designs
