@@ -79,7 +79,7 @@ def compile_call(fn: JITFunction, args: tuple, kwargs: dict, overrides: dict | N
     """Compile one recorded launch for sm_90; returns the CompiledKernel."""
     kwargs = dict(kwargs)
     opts = {k: kwargs.pop(k) for k in _OPTION_KEYS if k in kwargs}
-    bound = dict(zip(fn.arg_names, args))
+    bound = dict(zip(fn.arg_names, args, strict=False))
     bound.update(kwargs)
     for p in fn.params:  # defaults of constexprs left out at the call
         if p.name not in bound and p.default is not None:
@@ -230,14 +230,21 @@ def variants(model: str) -> list[tuple[str, str, list]]:
     out = []
     designs = {"fp8": ("fp32", "fp8-e4m3"), "nvfp4": ("fp16-sr", "nvfp4"),
                "shared-nvfp4": ("nvfp4", None)}
-    encs = ["ref"]
+    _, P, _, _, _ = _problem(model, 1)
+    whole = triton.next_power_of_2(P)
+    encs = {"ref": {}}
     if "flush_encoder" in SplitConfig.__dataclass_fields__:
-        encs.append("fast")
+        encs["fast"] = {"flush_encoder": "fast"}
+        for w in (4, 8):
+            encs[f"fast-1pass rows={whole} warps={w}"] = {
+                "flush_encoder": "fast", "flush_rows": whole, "flush_warps": w,
+                "flush_maxnreg": 0}
     for d, (ck, rd) in designs.items():
-        for enc in encs:
-            kw = {} if enc == "ref" else {"flush_encoder": enc}
+        for enc, kw in encs.items():
+            if d == "fp8" and enc.startswith("fast-1pass"):
+                continue
             calls = split_calls(model, ck, rd, SplitConfig(**kw))
-            out.append((f"split-{d} flush encoder={enc}", "flush", calls[:1]))
+            out.append((f"split-{d} flush {enc}", "flush", calls[:1]))
             if enc == "ref":
                 out.append((f"split-{d} output", "output", calls[1:]))
     import inspect
@@ -271,7 +278,7 @@ def main(argv=None) -> int:
             st = _stats(k, sass)
             row = {"variant": name, "kernel": fn.__name__, **st}
             rows.append(row)
-            print(f"{name:40s} {fn.__name__:22s} sass {st['sass']:6d}  regs {st['regs']}  "
+            print(f"{name:52s} {fn.__name__:22s} sass {st['sass']:6d}  regs {st['regs']}  "
                   f"spills {st['spills']}  smem {st['shared']}", flush=True)
             if a.dump:
                 d = Path(a.dump)

@@ -21,7 +21,10 @@ chunks: ``S = e^Lambda S_c + (w x)^T B`` (tensor cores: ``fold_dot``), writes th
 step's output, the checkpoint, the read copy (and the fp32 state when kept).  nvfp4
 needs the whole matrix's amax: its units are whole heads folded twice (amax pass,
 then the encode pass from L2-hot data; an nvfp4 checkpoint is decoded with the
-matrix scale read before its first chunk is rewritten).
+matrix scale read before its first chunk is rewritten).  ``FAST_ENC``
+(``SplitConfig.flush_encoder="fast"``) encodes nvfp4 with
+``tl_mamba2_fast.nvfp4_encode_fast`` (same bits, fewer instructions) and, when a
+chunk holds the whole head (``flush_rows >= headdim``), folds it once.
 
 **Output launch** (``SplitConfig.out_kernel``): rows that flush this step load
 nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
@@ -110,7 +113,8 @@ def m2_flush_kernel(
     RB: tl.constexpr, NSF: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
     SPLIT: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
-    NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr,
+    NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -161,7 +165,9 @@ def m2_flush_kernel(
         if CK_FMT == K_NVFP4:
             s2_old = tl.load(ck_s2 + mat)
         amax = 0.0
-        if NEED_AMAX:  # nvfp4: the whole matrix's amax first (units are whole heads)
+        # ONE_PASS (FAST_ENC, the whole head in one chunk): the encoder takes the amax
+        # from the chunk itself (one fold, no second pass)
+        if NEED_AMAX and not ONE_PASS:  # nvfp4: the whole matrix's amax first
             for q in range(NQ):
                 rows = r0 + q * FB + tl.arange(0, FB)
                 m = rows < P
@@ -182,10 +188,10 @@ def m2_flush_kernel(
                 z_c = z_c.to(tl.float32)
             tl.store(out_ptr + bidx * s_ob + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
             store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
-                       HW_CVT)
+                       HW_CVT, FAST_ENC, ONE_PASS)
             if SPLIT:
                 store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB,
-                           N, HW_CVT)
+                           N, HW_CVT, FAST_ENC, ONE_PASS)
             if WRITE_FRESH:
                 tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
         u += nprog

@@ -71,8 +71,11 @@ class SplitConfig:
     tile, ``num_warps``, ``stages`` (pipeline depth), ``maxnreg`` (register cap; 0 =
     none).  Flush launch: ``flush_rows`` per chunk, ``flush_chunks`` per unit (None = a
     whole head), ``flush_stages``, ``flush_warps``, ``flush_ctas_per_sm`` (persistent
-    programs per SM), ``flush_maxnreg`` (0 = none).  The fold runs on the tensor cores
-    in two tf32 passes (three for an fp32 ring), splits explicit."""
+    programs per SM), ``flush_maxnreg`` (0 = none), ``flush_encoder`` ("ref": the
+    ``tl_formats`` encoders, as measured; "fast": the opt-in nvfp4 encoder of
+    ``tl_mamba2_fast.nvfp4_encode_fast``, same bits, and one fold per head where
+    ``flush_rows >= headdim``).  The fold runs on the tensor cores in two tf32 passes
+    (three for an fp32 ring), splits explicit."""
 
     out_kernel: str | None = None
     block_p: int | None = None
@@ -87,6 +90,7 @@ class SplitConfig:
     flush_ctas_per_sm: int = 4
     maxnreg: int | None = None
     flush_maxnreg: int | None = None
+    flush_encoder: str = "ref"
 
 
 _SMS: dict[str, int] = {}
@@ -368,6 +372,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     hpg = H // G
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
+    if cfg.flush_encoder not in ("ref", "fast"):
+        raise ValueError(f"flush_encoder must be 'ref' or 'fast', got {cfg.flush_encoder!r}")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
     if kind == "group":
@@ -454,6 +460,8 @@ def launch_split_step(
         NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None,
         RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
         HW_CVT=x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1",
+        FAST_ENC=cfg.flush_encoder == "fast",
+        ONE_PASS=cfg.flush_encoder == "fast" and need_amax and nq == 1,
         num_warps=cfg.flush_warps, **flags, **extra,
     )
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program

@@ -13,6 +13,8 @@ DEVICE = kernel_device()  # before the kernel modules are imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from precisionlab import formats  # noqa: E402
 from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
@@ -26,6 +28,13 @@ from precisionlab.kernels.mamba2_step import (  # noqa: E402
     mamba2_step,
 )
 from precisionlab.kernels.state import StateStore  # noqa: E402
+from precisionlab.kernels.tl_formats import (  # noqa: E402
+    K_NVFP4,
+    e2m1_code,
+    store_codes,
+    tile_offsets,
+)
+from precisionlab.kernels.tl_mamba2_fast import e2m1_code_fast, nvfp4_encode_fast  # noqa: E402
 from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import mamba2  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
@@ -150,7 +159,13 @@ DESIGNS_SPLIT = [
     (shared("nvfp4", 2), torch.float32),
     (shared("bf16-sr", 1), torch.float32),
 ]
-CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT])
+# opt-in flush encoders: "fast" nvfp4 in two passes (16-row chunks of a 24-row head)
+# and in one pass (a 32-row chunk holds the head)
+FAST_ENC = {"split-fastenc": SplitConfig(flush_encoder="fast"),
+            "split-fastenc-1pass": SplitConfig(flush_encoder="fast", flush_rows=32)}
+CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
+         + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
+            if "nvfp4" in (d.checkpoint_format, d.read_format)])
 
 
 @pytest.mark.parametrize("design,ring_dtype,launch", CASES,
@@ -166,8 +181,10 @@ def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
     ref = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     mirror = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0,
-                              launch=launch)
+                              launch="split" if launch in FAST_ENC else launch)
     cache = ours.cache
+    if launch in FAST_ENC:
+        cache.split_config = FAST_ENC[launch]
     lossless = design.read_format == design.checkpoint_format == "fp32"
     for t, raw in enumerate(raws):
         inp = kind.prepare(raw, params, ring_dtype)
@@ -238,6 +255,68 @@ def test_replay_slots_padding_and_bf16_inputs(variant) -> None:
         assert torch.all(y[~keep] == 0)
     assert cache.committed().tolist() == [0, 1, 0, 0, 1]
     assert cache.steps_taken().tolist() == [0, 4, 0, 0, 4]
+
+
+# ------------------------------------------------------- fast nvfp4 flush encoder
+
+
+@triton.jit
+def _e2m1_pair_kernel(y_ptr, ref_ptr, fast_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    y = tl.load(y_ptr + offs, mask=m, other=0.0)
+    tl.store(ref_ptr + offs, e2m1_code(y, False), mask=m)
+    tl.store(fast_ptr + offs, e2m1_code_fast(y), mask=m)
+
+
+@triton.jit
+def _nvfp4_fast_kernel(x_ptr, c_ptr, s1_ptr, s2_ptr, P, BLOCK_P: tl.constexpr, N: tl.constexpr):
+    mat = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK_P)
+    m = rows < P
+    S = tl.load(x_ptr + mat * P * N + tile_offsets(rows, N), mask=m[:, None], other=0.0)
+    codes, s1, s2 = nvfp4_encode_fast(S, 0.0, True, BLOCK_P, N)
+    store_codes(c_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, rows, m, P, K_NVFP4, BLOCK_P, N)
+
+
+def test_e2m1_code_fast_equals_e2m1_code() -> None:
+    """Every E2M1 rounding boundary, one fp32 ulp either side, zeros, huge, inf,
+    fp32 subnormals and random magnitudes over 2**-30..2**30."""
+    edges = torch.tensor([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0,
+                          6.0, 7.0, 8.0, 12.0, 16.0])
+    up = torch.nextafter(edges, torch.tensor(float("inf")))
+    dn = torch.nextafter(edges, torch.tensor(0.0))
+    g = torch.Generator().manual_seed(3)
+    rnd = torch.exp2(torch.empty(4000).uniform_(-30, 30, generator=g))
+    special = torch.tensor([0.0, 1e-45, 1e-39, 1e-30, 3e38, float("inf")])
+    y = torch.cat([edges, up, dn, rnd, special])
+    y = torch.cat([y, -y]).float().to(DEV)
+    ref = torch.empty(y.shape, dtype=torch.int32, device=DEV)
+    fast = torch.empty_like(ref)
+    _e2m1_pair_kernel[(triton.cdiv(y.numel(), 1024),)](y, ref, fast, y.numel(), BLOCK=1024)
+    assert torch.equal(fast, ref)
+
+
+def test_nvfp4_encode_fast_bits() -> None:
+    """Whole matrices (one tile each, amax from the block maxima): codes, block scales
+    and matrix scales equal formats' nvfp4 encoding, including E2M1 ties, zero blocks
+    and matrices, -0.0, fp32 subnormals, huge values and non-finite blocks."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 20, 64, generator=g) * torch.logspace(-9, 4, 64)
+    x[0, 0, 1, :16] = 0.0
+    x[0, 1] = 0.0
+    x[1, 2, 3, 5] = -0.0
+    x[1, 0, 0, :8] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
+    x[1, 0, 0, 8:16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]) * 2688 / 6
+    x[1, 1, 2, :4] = torch.tensor([3e-39, -1e-45, 7e-8, 1e38])
+    x[0, 2, 4, 3] = float("nan")
+    x[0, 2, 5, 40] = -float("inf")
+    x = x.to(DEV)
+    ref = StateStore.encode(x, "nvfp4")
+    ours = StateStore.empty("nvfp4", tuple(x.shape), DEV)
+    _nvfp4_fast_kernel[(6,)](x, *ours.kernel_args(), 20, BLOCK_P=32, N=64)
+    for a, b in zip(ours.tensors(), ref.tensors(), strict=True):
+        assert torch.equal(bits(a), bits(b))
 
 
 # ----------------------------------------------------------- speculative decoding
