@@ -278,6 +278,19 @@ CONFIGS = [
     (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=32, eager=False)),
     # staged with an nvfp4 read copy (whole-matrix flush units)
     (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=16)),
+    # opt-in flush variants: the nvfp4 second pass from the fp32 scratch (persistent
+    # launch, two 16-row chunks) with the integer-rounded encoders ...
+    (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=16, flush_chunk=16,
+                                        flush_pass="scratch", fast_encode=True)),
+    # ... an nvfp4 checkpoint (decoded with the old matrix scale, encoded from the
+    # scratch), one flush program per unit
+    (shared("nvfp4", 3), dict(launch="staged", flush_chunk=16, flush_grid="units",
+                              flush_pass="scratch")),
+    # ... one program per 16-row unit, fast fp8 encoder
+    (split("fp32", "fp8-e4m3", 5), dict(launch="staged", block_v=16, out_block_v=16,
+                                        flush_grid="units", fast_encode=True)),
+    # ... fast mxfp4 encoder and bf16 stochastic rounding
+    (split("bf16-sr", "mxfp4", 2), dict(launch="staged", block_v=16, fast_encode=True)),
 ]
 
 
@@ -383,8 +396,10 @@ def test_spec_accepted_outputs_equal_plain_decoding(vl: str) -> None:
     assert spec.steps[idx.long()].tolist() == pos
 
 
-@pytest.mark.parametrize("vl", ["single", "staged"])
-def test_verify_and_commit_flush_on_a_read_copy(vl: str) -> None:
+@pytest.mark.parametrize("vl,fcfg", [("single", {}), ("staged", {}),
+                                      ("staged", {"flush_grid": "units", "fast_encode": True})],
+                         ids=["single", "staged", "staged-units-fast"])
+def test_verify_and_commit_flush_on_a_read_copy(vl: str, fcfg: dict) -> None:
     """Split design (fp8 read copy): each draft's output and ring d equal
     ``layers.gdn.replay_step`` on the decoded read copy and the ring; a commit that
     reaches the window folds all committed entries (6 > L) like ``layers.gdn.fold``
@@ -395,7 +410,8 @@ def test_verify_and_commit_flush_on_a_read_copy(vl: str) -> None:
     live = idx.long()
     cache = GDNReplayCache(2, HK, HV, K, V, window=L, drafts=T, read="fp8-e4m3", seed=3,
                            device=DEV, block_v=32, verify_block_v=16,
-                           ring_dtype=torch.float32, keep_fresh=True, verify_launch=vl)
+                           ring_dtype=torch.float32, keep_fresh=True, verify_launch=vl,
+                           **fcfg)
     cache.reset(state0(B)[[1, 0]])
     inps = [kind.prepare(r, params, torch.float32) for r in raws]
     for r0 in (0, T):

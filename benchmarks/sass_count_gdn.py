@@ -1,0 +1,136 @@
+"""Offline sm_90 compile of the GDN replay / verify kernels: SASS instructions,
+registers and spills per launch configuration, without a GPU.
+
+Each variant is one real ``GDNReplayCache.step`` / ``.verify`` call on CPU tensors
+whose launches are intercepted and compiled for ``GPUTarget("cuda", 90, 64)`` (the
+compile, disassembly and ptxas helpers of ``benchmarks/sass_count.py``).  Counts are
+static instructions of the whole kernel (every branch, both passes of an nvfp4 flush;
+NOPs excluded): compare variants of one kernel, not kernels with each other.  The
+flush kernel's two copies (persistent / one program per unit) are compiled with the
+other grid's branch left out, so their counts compare.
+
+    python benchmarks/sass_count_gdn.py                    # qwen3.5-4b shape, all variants
+    python benchmarks/sass_count_gdn.py --only flush --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from sass_count import _Recorder, _stats, compile_call, sass_of  # noqa: E402
+
+# (design name, checkpoint, read copy) as the GDN benchmark names them
+DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
+           "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
+# flush variants: (label, GDNReplayCache keywords over the large-batch defaults)
+FLUSH = [("default", {}), ("fast_encode", {"fast_encode": True}),
+         ("units", {"flush_grid": "units"}),
+         ("units+fast", {"flush_grid": "units", "fast_encode": True})]
+FLUSH_NVFP4 = [("scratch", {"flush_pass": "scratch"}),
+               ("scratch+fast", {"flush_pass": "scratch", "fast_encode": True}),
+               ("units+scratch+fast", {"flush_grid": "units", "flush_pass": "scratch",
+                                       "fast_encode": True})]
+
+
+def _shape(model: str) -> tuple[int, int, int, int]:
+    from precisionlab.presets import get_preset
+
+    p = get_preset(model)
+    return p.groups, p.heads, p.state_dim, p.head_dim  # HK, HV, K, V
+
+
+def step_calls(model: str, ck: str, rd: str | None, cfg: dict, L: int = 16, batch: int = 256,
+               T: int = 0):
+    """Recorded launches of one replay step (T = 0) or one verify of T drafts."""
+    from precisionlab.kernels.gdn_decode import GDNReplayCache
+
+    HK, HV, K, V = _shape(model)
+    b = 8
+    cache = GDNReplayCache(b, HK, HV, K, V, window=L, checkpoint=ck, read=rd, device="cpu",
+                           batch_hint=batch, drafts=T, **cfg)
+    bf = dict(dtype=torch.bfloat16)
+    lead = (b, T) if T else (b,)
+    q, k = torch.zeros(*lead, HK, K, **bf), torch.zeros(*lead, HK, K, **bf)
+    v = torch.zeros(*lead, HV, V, **bf)
+    a, bb = torch.zeros(*lead, HV, **bf), torch.zeros(*lead, HV, **bf)
+    A_log, dt_bias = torch.zeros(HV), torch.zeros(HV)
+    idx = torch.arange(b, dtype=torch.int32)
+    with _Recorder() as rec:
+        if T:
+            cache.verify(q, k, v, a, bb, A_log, dt_bias, idx)
+        else:
+            cache.step(q, k, v, a, bb, A_log, dt_bias, idx, out=torch.empty(b, HV, V))
+    return rec.calls
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", None) or fn.fn.__name__
+
+
+def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dict]]:
+    out = []
+    for d, (ck, rd) in DESIGNS.items():
+        vs = FLUSH + (FLUSH_NVFP4 if rd == "nvfp4" else [])
+        for label, cfg in vs:
+            for fn, args, kw in step_calls(model, ck, rd, cfg):
+                nm = _name(fn)
+                if nm == "_flush_kernel" and only in (None, "flush"):
+                    out.append((f"{d} flush {label}", fn, args, kw))
+                elif nm != "_flush_kernel" and label == "default" and only in (None, "output"):
+                    out.append((f"{d} {nm.strip('_')}", fn, args, kw))
+        if only in (None, "output") and rd is None:
+            for fn, args, kw in step_calls(model, ck, rd, {"eager": True}):
+                if _name(fn) == "_prep_kernel":
+                    out.append((f"{d} prep_kernel eager", fn, args, kw))
+    if only in (None, "verify"):
+        for label, cfg in (("default", {}),):
+            for fn, args, kw in step_calls(model, "fp32", None, cfg, T=4):
+                out.append((f"verify-T4 {_name(fn).strip('_')} {label}", fn, args, kw))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3.5-4b")
+    ap.add_argument("--only", choices=("flush", "output", "verify"), default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--dump", default=None, help="folder for the SASS text of each variant")
+    a = ap.parse_args(argv)
+    rows = []
+    for name, fn, args, kw in variants(a.model, a.only):
+        try:
+            k = compile_call(fn, args, kw)
+            sass = sass_of(k)
+            row = {"variant": name, **_stats(k, sass)}
+            if a.dump:
+                os.makedirs(a.dump, exist_ok=True)
+                Path(a.dump, name.replace(" ", "_").replace("+", "-") + ".sass").write_text(sass)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            row = {"variant": name, "error": f"{type(e).__name__}: {e}"[:300]}
+        rows.append(row)
+        if "error" in row:
+            print(f"{name:44s} ERROR {row['error']}", flush=True)
+        else:
+            print(f"{name:44s} sass {row['sass']:6d}  regs {row['regs']!s:>4s}  spills "
+                  f"{row['spills']!s:>5s}  top {row['top']}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": a.model, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
