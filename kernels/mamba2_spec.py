@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .mamba2_kernel import MODE_VERIFY
 from .mamba2_step import HeadParams, Mamba2Cache, launch_replay, slot_indices
+from .mamba2_verify import launch_staged_verify
 
 
 def mamba2_verify(
@@ -45,12 +46,16 @@ def mamba2_verify(
     out: torch.Tensor | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
+    verify_launch: str = "single",
 ) -> torch.Tensor:
-    """Outputs of ``T`` draft tokens per row, one launch.
+    """Outputs of ``T`` draft tokens per row.
 
     ``x, z``: (batch, T, heads, P); ``dt``: (batch, T, heads); ``B, C``:
     (batch, T, groups, N).  Returns (batch, T, heads, P) float32.  ``T`` must not
-    exceed the window.
+    exceed the window.  ``verify_launch``: "single" (one launch of
+    ``mamba2_kernel``, as measured) or "staged" (opt-in, ``mamba2_verify``: a prep
+    launch for the drafts' coefficients and any flush, then an output launch that
+    reads each state tile once for all drafts).
     """
     T = x.shape[1]
     if not cache.speculative:
@@ -60,8 +65,15 @@ def mamba2_verify(
     idx = state_indices if state_indices is not None else slot_indices(x.shape[0], x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    launch_replay(MODE_VERIFY, cache, x, dt, B, C, params, z=z, out=out, state_indices=idx,
-                  T=T, dt_softplus=dt_softplus, block_p=block_p or 16, num_warps=num_warps)
+    if verify_launch == "staged":
+        launch_staged_verify(cache, x, dt, B, C, params, z=z, out=out, state_indices=idx,
+                             dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps)
+    elif verify_launch == "single":
+        launch_replay(MODE_VERIFY, cache, x, dt, B, C, params, z=z, out=out,
+                      state_indices=idx, T=T, dt_softplus=dt_softplus, block_p=block_p or 16,
+                      num_warps=num_warps)
+    else:
+        raise ValueError(f"verify_launch must be 'single' or 'staged', got {verify_launch!r}")
     return out
 
 

@@ -326,9 +326,14 @@ def _stack(inps, name):
     return torch.stack([getattr(i, name) for i in inps], dim=1).contiguous()
 
 
-@pytest.mark.parametrize("design", [shared("fp32", 5), split("fp32", "fp8-e4m3", 5)],
-                         ids=lambda d: d.label)
-def test_verify_commit_matches_torch_speculative(design) -> None:
+VERIFY_DESIGNS = [shared("fp32", 5), split("fp32", "fp8-e4m3", 5)]
+VERIFY_CASES = ([(d, "single") for d in VERIFY_DESIGNS]
+                + [(d, "staged") for d in VERIFY_DESIGNS])
+
+
+@pytest.mark.parametrize("design,verify_launch", VERIFY_CASES,
+                         ids=[f"{d.label}-{v}" for d, v in VERIFY_CASES])
+def test_verify_commit_matches_torch_speculative(design, verify_launch) -> None:
     batch, T, seed = 3, 3, 2
     kind, params, raws = setup(steps=24, batch=batch, seed=3)
     inps = [kind.prepare(r, params, torch.bfloat16) for r in raws]
@@ -345,7 +350,8 @@ def test_verify_commit_matches_torch_speculative(design) -> None:
         drafts = inps[it * T:(it + 1) * T]
         y_ref = torch.stack(ref.verify(drafts), dim=1)
         y = mamba2_verify(cache, _stack(drafts, "x"), _stack(drafts, "dt"), _stack(drafts, "B"),
-                          _stack(drafts, "C"), head, z=_stack(drafts, "z"))
+                          _stack(drafts, "C"), head, z=_stack(drafts, "z"),
+                          verify_launch=verify_launch)
         # a lossy read copy may flip a code on a last-bit difference of the flush
         assert rel(y, y_ref) < (TOL if design.read_format == "fp32" else 1e-3), f"verify {it}"
         n = torch.randint(1, T + 1, (batch,), generator=gen).to(DEV)
@@ -354,7 +360,43 @@ def test_verify_commit_matches_torch_speculative(design) -> None:
     assert cache.committed().tolist() == ref.committed.tolist()
 
 
-def test_spec_accepted_outputs_equal_plain_decoding() -> None:
+@pytest.mark.parametrize("design", [split("fp16-sr", "nvfp4", 5), shared("nvfp4", 4)],
+                         ids=lambda d: d.label)
+def test_staged_verify_equals_single_launch(design) -> None:
+    """Lossy copies (nvfp4 folds included): the staged verify's outputs are within
+    1e-5 of the single-launch verify's and both write the same checkpoint / read-copy
+    bits (the same fold and encoders, one head per prep program)."""
+    batch, T, seed = 3, 3, 2
+    kind, params, raws = setup(steps=18, batch=batch, seed=3)
+    inps = [kind.prepare(r, params, torch.bfloat16) for r in raws]
+    S0 = state0(batch)
+    caches = []
+    for _ in range(2):
+        c = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=design.checkpoint_format,
+                                 read_format=None if design.kind == "shared" else
+                                 design.read_format, window=design.window, device=DEV,
+                                 seed=seed, speculative=True, heads_per_program=2)
+        c.load_state(S0)
+        caches.append(c)
+    head = HeadParams(params.A, params.D, None)
+    gen = torch.Generator().manual_seed(0)
+    for it in range(5):
+        d = inps[it * T:(it + 1) * T]
+        ys = [mamba2_verify(c, _stack(d, "x"), _stack(d, "dt"), _stack(d, "B"), _stack(d, "C"),
+                            head, z=_stack(d, "z"), verify_launch=v)
+              for c, v in zip(caches, ("single", "staged"), strict=True)]
+        assert rel(ys[1], ys[0]) < TOL, f"verify {it}"
+        for a, b in zip(caches[0].ckpt.tensors(), caches[1].ckpt.tensors(), strict=True):
+            assert torch.equal(bits(a), bits(b))
+        for a, b in zip(caches[0].reader.tensors(), caches[1].reader.tensors(), strict=True):
+            assert torch.equal(bits(a), bits(b))
+        n = torch.randint(1, T + 1, (batch,), generator=gen).to(DEV).to(torch.int32)
+        for c in caches:
+            mamba2_commit(c, n, T)
+
+
+@pytest.mark.parametrize("verify_launch", ["single", "staged"])
+def test_spec_accepted_outputs_equal_plain_decoding(verify_launch) -> None:
     """Drafts that are the true next tokens: every accepted output equals plain
     replay decoding of the same tokens (fp32 shared design)."""
     batch, L, T = 2, 4, 3
@@ -371,7 +413,7 @@ def test_spec_accepted_outputs_equal_plain_decoding() -> None:
     for n in accepted:
         d = inps[pos:pos + T]
         y = mamba2_verify(spec, _stack(d, "x"), _stack(d, "dt"), _stack(d, "B"), _stack(d, "C"),
-                          head, z=_stack(d, "z"))
+                          head, z=_stack(d, "z"), verify_launch=verify_launch)
         assert rel(y[:, :n], y_plain[:, pos:pos + n]) < TOL, f"tokens {pos}..{pos + n}"
         mamba2_commit(spec, torch.full((batch,), n, dtype=torch.int32, device=DEV), T)
         pos += n

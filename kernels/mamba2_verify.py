@@ -1,0 +1,267 @@
+"""Staged speculative verify for Mamba-2 (opt-in: ``mamba2_verify(...,
+verify_launch="staged")``): a prep launch, then an output launch that reads each
+state tile once for all ``T`` drafts.
+
+Torch reference: ``precisionlab.speculative.SpeculativeDecoder.verify`` (as the
+single-launch verify of ``mamba2_kernel``; same semantics, see ``mamba2_spec``).
+
+* **Prep launch** (:func:`m2_verify_prep_kernel`, grid ``(heads, batch)``): per
+  (row, head) the committed count ``c``; if ``c + T > L`` the head's committed
+  entries are folded into a new checkpoint and read copy first (the single
+  kernel's verify flush, one head per program) and the drafts go to the other
+  ring half.  Then, for every draft ``k``, the decay of the copy ``e^Lambda_k``
+  and one coefficient per ring entry ``W[k, i] = w_k(i) (B_i . C_k)`` (entries
+  before the draft and the draft itself) go to a small scratch ``(batch, heads, TB,
+  RB)``; the drafts' dt and (per group) B are appended to the ring; the row's
+  draft base ``c0 | half << 16`` goes to ``pos``.
+* **Output launch** (:func:`m2_verify_out_kernel`, grid ``(heads, batch)``): per
+  tile ``[BLOCK_P, N]`` of the copy (tiles of a head unrolled) the tile is loaded
+  and decoded once; each draft's output is ``e^Lambda_k (S C_k) + sum_i W[k, i] x_i
+  + D x_k`` (gated) with the ring's committed x rows and the drafts' x rows loaded
+  once per tile; the drafts' x rows are appended to the ring.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .mamba2_kernel import _fold_chunk, _head_consts
+from .tl_common import decay_weights, dt_of, gate, ring_load, ring_round, ring_store
+from .tl_formats import K_NVFP4, load_codes, matrix_amax, store_state, tile_offsets
+from .tl_mamba2_fast import TWO63, row_dot
+
+
+@triton.jit(do_not_specialize=["seed_ck", "seed_rd"])
+def m2_verify_prep_kernel(
+    ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr,
+    ring_x, ring_B, ring_dt, ring_len, steps, state_idx, pos, coef, eLs,
+    dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
+    seed_ck, seed_rd, s_dtb, s_dtt, s_Bb, s_Bt, s_Cb, s_Ct,
+    H, G, P, L, LR,
+    N: tl.constexpr, FB: tl.constexpr, NQ: tl.constexpr, RB: tl.constexpr, T: tl.constexpr,
+    TB: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SPLIT: tl.constexpr,
+    RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
+):
+    h = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_idx + b)
+    if slot < 0:
+        if h == 0:
+            tl.store(pos + b, -1)
+        return
+    hpg = H // G
+    g = h // hpg
+    offs_n = tl.arange(0, N)
+    offs_r = tl.arange(0, RB)
+    HP = H * P
+    rl = tl.load(ring_len + slot)
+    c = rl & 0xFFFF
+    half = rl >> 16
+    A_h, D_h, dtb = _head_consts(h, A_ptr, A_ptr, dtb_ptr, False, HAS_DT_BIAS)
+    mat = slot.to(tl.int64) * H + h
+    oB = offs_r[:, None] * (G * N) + offs_n[None, :]
+    if c + T > L:  # fold the committed entries of this head first
+        t = tl.load(steps + slot)
+        win = slot.to(tl.int64) * LR + half * L
+        rx_h = ring_x + win * HP + h * P
+        rB = ring_load(ring_B + (win * G + g) * N + oB, (offs_r < c)[:, None], RING)
+        rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=offs_r < c, other=0.0)
+        last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
+        s2_old = 0.0
+        if CK_FMT == K_NVFP4:
+            s2_old = tl.load(ck_s2 + mat)
+        amax = 0.0
+        if NEED_AMAX:
+            for qq in range(NQ):
+                rows = qq * FB + tl.arange(0, FB)
+                m = rows < P
+                Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r,
+                                 c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
+                amax = tl.maximum(amax, matrix_amax(Sn))
+        for qq in range(NQ):
+            rows = qq * FB + tl.arange(0, FB)
+            m = rows < P
+            Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r,
+                             c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
+            store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t - 1, amax,
+                        CK_FMT, FB, N)
+            if SPLIT:
+                store_state(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t - 1, amax,
+                            RD_FMT, FB, N)
+            if WRITE_FRESH:
+                tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
+        c0 = c * 0
+        half = 1 - half
+    else:
+        c0 = c
+    if h == 0:
+        tl.store(pos + b, c0 | (half << 16))
+    win = slot.to(tl.int64) * LR + half * L
+    rB_g = ring_B + (win * G + g) * N
+    rdt_b = ring_dt + win * H
+    old = offs_r < c0
+    j = offs_r - c0
+    vd = (j >= 0) & (j < T)
+    jj = tl.where(vd, j, 0)
+    B_b = B_ptr + b * s_Bb + g * N
+    C_b = C_ptr + b * s_Cb + g * N
+    rB = ring_load(rB_g + oB, old[:, None], RING)
+    iB = tl.load(B_b + jj[:, None] * s_Bt + offs_n[None, :], mask=vd[:, None], other=0.0)
+    iB = ring_round(iB.to(tl.float32), RING)
+    eB = tl.where(old[:, None], rB, iB)
+    rdt = tl.load(rdt_b + h + offs_r * H, mask=old, other=0.0)
+    idt = dt_of(tl.load(dt_ptr + b * s_dtb + jj * s_dtt + h, mask=vd, other=0.0), dtb,
+                HAS_DT_BIAS, DT_SOFTPLUS)
+    edt = tl.where(old, rdt, tl.where(vd, idt, 0.0))
+    cum = tl.cumsum(edt * A_h, axis=0)
+    base = (b * H + h) * TB
+    for k in tl.static_range(T):
+        last, w = decay_weights(edt, cum, offs_r, c0 + k)
+        C_k = tl.load(C_b + k * s_Ct + offs_n).to(tl.float32)
+        BCk = tl.sum(eB * C_k[None, :], axis=1)
+        tl.store(coef + (base + k) * RB + offs_r, w * BCk)
+        tl.store(eLs + base + k, tl.exp(last))
+    tl.store(rdt_b + offs_r * H + h, idt, mask=vd)
+    if h % hpg == 0:
+        ring_store(rB_g + oB, iB, vd[:, None], RING)
+
+
+@triton.jit
+def m2_verify_out_kernel(
+    rd_c, rd_s1, rd_s2, ring_x, state_idx, pos, coef, eLs,
+    x_ptr, C_ptr, z_ptr, out_ptr, D_ptr,
+    s_xb, s_xt, s_Cb, s_Ct, s_zb, s_zt, s_ob, s_ot,
+    H, G, P, L, LR,
+    N: tl.constexpr, BLOCK_P: tl.constexpr, NPB: tl.constexpr, RB: tl.constexpr,
+    T: tl.constexpr, TB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+):
+    h = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_idx + b)
+    out_b = out_ptr + b * s_ob + h * P
+    if slot < 0:
+        for q in tl.static_range(NPB):
+            rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
+            for k in tl.static_range(T):
+                tl.store(out_b + k * s_ot + rows, 0.0, mask=rows < P)
+        return
+    pv = tl.load(pos + b)
+    c0 = pv & 0xFFFF
+    half = pv >> 16
+    g = h // (H // G)
+    offs_r = tl.arange(0, RB)
+    HP = H * P
+    mat = slot.to(tl.int64) * H + h
+    win = slot.to(tl.int64) * LR + half * L
+    rx_h = ring_x + win * HP + h * P
+    x_h = x_ptr + b * s_xb + h * P
+    z_h = z_ptr + b * s_zb + h * P
+    C_b = C_ptr + b * s_Cb + g * N
+    D_h = 0.0
+    if HAS_D:
+        D_h = tl.load(D_ptr + h).to(tl.float32)
+    old = offs_r < c0
+    j = offs_r - c0
+    vd = (j >= 0) & (j < T)
+    jj = tl.where(vd, j, 0)
+    base = (b * H + h) * TB
+    for q in tl.static_range(NPB):
+        rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
+        m = rows < P
+        # the state tile: loaded once for all drafts
+        from_ring = ring_load(rx_h + offs_r[:, None] * HP + rows[None, :],
+                              old[:, None] & m[None, :], RING)
+        ix = tl.load(x_h + jj[:, None] * s_xt + rows[None, :], mask=vd[:, None] & m[None, :],
+                     other=0.0).to(tl.float32)
+        ix = ring_round(ix, RING)
+        ex = tl.where(old[:, None], from_ring, ix)
+        codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BLOCK_P, N)
+        for k in tl.static_range(T):
+            C_k = tl.load(C_b + k * s_Ct + tl.arange(0, N)).to(tl.float32)
+            Ce = tl.load(C_b + k * s_Ct + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
+            Co = tl.load(C_b + k * s_Ct + 2 * tl.arange(0, N // 2) + 1).to(tl.float32) * TWO63
+            W_k = tl.load(coef + (base + k) * RB + offs_r)
+            y = tl.load(eLs + base + k) * row_dot(codes, s1, s2, C_k, Ce, Co, RD_FMT, BLOCK_P,
+                                                  N)
+            y = y + tl.sum(W_k[:, None] * ex, axis=0)
+            x_k = tl.load(x_h + k * s_xt + rows, mask=m, other=0.0).to(tl.float32)
+            z_k = 0.0
+            if HAS_Z:
+                z_k = tl.load(z_h + k * s_zt + rows, mask=m, other=0.0).to(tl.float32)
+            tl.store(out_b + k * s_ot + rows, gate(y, x_k, z_k, D_h, HAS_Z), mask=m)
+        ring_store(rx_h + offs_r[:, None] * HP + rows[None, :], ix, vd[:, None] & m[None, :],
+                   RING)
+
+
+_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scratch(batch: int, H: int, TB: int, RB: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coefficient and decay scratch of the staged verify (cached per shape and device)."""
+    key = (batch, H, TB, RB, str(device))
+    if key not in _SCRATCH:
+        _SCRATCH[key] = (torch.empty((batch, H, TB, RB), dtype=torch.float32, device=device),
+                         torch.empty((batch, H, TB), dtype=torch.float32, device=device))
+    return _SCRATCH[key]
+
+
+def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, dt_softplus,
+                         block_p: int | None = None, num_warps: int | None = None,
+                         prep_warps: int = 4) -> None:
+    """Prep launch, then the output launch (inputs token-major ``(batch, T, ...)``).
+    ``block_p`` rows per output tile (default 32), ``num_warps`` of the output launch
+    (default 2), ``prep_warps`` of the prep launch."""
+    from .codec import as_int32
+    from .mamba2_step import _RING_IDS, FLUSH_ROWS, _check_inputs
+    from .tl_common import RING_FP32
+    from .tl_formats import FMT_NVFP4
+
+    ckpt, read = cache.ckpt, cache.read
+    slots, H, P, N = ckpt.shape
+    if N & (N - 1) or N < 16:
+        raise ValueError(f"dstate must be a power of two >= 16, got {N}")
+    _check_inputs(x, dt, B, C, z, out)
+    batch, T = x.shape[0], x.shape[1]
+    G = B.shape[-2]
+    rd = read if read is not None else ckpt
+    ring_id = _RING_IDS[cache.ring_x.dtype]
+    rx, rB = cache.ring_x, cache.ring_B
+    if ring_id != RING_FP32:
+        rx, rB = rx.view(torch.int16), rB.view(torch.int16)
+    L, LR = cache.window, cache.ring_x.shape[1]
+    RB = max(16, triton.next_power_of_2(L))
+    TB = max(2, triton.next_power_of_2(T))
+    if cache.pos is None or cache.pos.numel() < batch or cache.pos.device != x.device:
+        cache.pos = torch.zeros(max(batch, 1), dtype=torch.int32, device=x.device)
+    coef, eLs = _scratch(batch, H, TB, RB, x.device)
+    need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
+    dtb = params.dt_bias if params.dt_bias is not None else params.A
+    m2_verify_prep_kernel[(H, batch)](
+        *ckpt.kernel_args(), *rd.kernel_args(),
+        cache.fresh if cache.fresh is not None else ckpt.codes,
+        rx, rB, cache.ring_dt, cache.ring_len, cache.steps, state_indices, cache.pos, coef, eLs,
+        dt, B, C, params.A, dtb,
+        as_int32(cache.seed), as_int32(cache.seed + 1),
+        dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        H, G, P, L, LR,
+        N=N, FB=FLUSH_ROWS, NQ=triton.cdiv(P, FLUSH_ROWS), RB=RB, T=T, TB=TB,
+        CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None, RING=ring_id,
+        HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus,
+        WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax, num_warps=prep_warps,
+    )
+    bp = max(16, min(block_p or 32, triton.next_power_of_2(P)))
+    zz = z if z is not None else x
+    m2_verify_out_kernel[(H, batch)](
+        *rd.kernel_args(), rx, state_indices, cache.pos, coef, eLs,
+        x, C, zz, out, params.D if params.D is not None else params.A,
+        x.stride(0), x.stride(1), C.stride(0), C.stride(1),
+        zz.stride(0) if z is not None else 0, zz.stride(1) if z is not None else 0,
+        out.stride(0), out.stride(1), H, G, P, L, LR,
+        N=N, BLOCK_P=bp, NPB=triton.cdiv(P, bp), RB=RB, T=T, TB=TB, RD_FMT=rd.fmt_id,
+        RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
+        num_warps=num_warps or 2,
+    )
