@@ -71,7 +71,9 @@ CANDIDATES: dict[str, list] = {
         {**_H1, "heads_per_program": 2, "stages": 1, **_NF},
         {**_H1, "heads_per_program": 4, "stages": 1, **_NF},
     ],
-    "verify-T4": [(16, 4), (32, 4)],
+    # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile
+    "verify-T4": [(16, 4), (32, 4), (32, 2, "staged"), (32, 4, "staged"), (16, 1, "staged"),
+                  (32, 1, "staged")],
 }
 _F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
@@ -87,6 +89,15 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
     "split-fp16sr-nvfp4": [
         _NF,
         dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=0),
+        # opt-in fast nvfp4 encoder (same bits); 64 / 128-row chunks hold a whole head of
+        # super-120b (P = 64) / nano-4b (P = 80): one fold per head instead of two
+        {**_NF, "flush_encoder": "fast"},
+        dict(flush_rows=64, flush_stages=1, flush_ctas_per_sm=2, flush_maxnreg=0,
+             flush_warps=4, flush_encoder="fast"),
+        dict(flush_rows=64, flush_stages=1, flush_ctas_per_sm=2, flush_maxnreg=0,
+             flush_warps=8, flush_encoder="fast"),
+        dict(flush_rows=128, flush_stages=1, flush_ctas_per_sm=1, flush_maxnreg=0,
+             flush_warps=8, flush_encoder="fast"),
     ],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",
@@ -292,9 +303,12 @@ class _Runner:
         out = torch.empty_like(inp["x"])
         acc = torch.full((prob.batch,), T, dtype=torch.int32, device=prob.device)
 
+        launch = cfg[2] if len(cfg) > 2 else "single"
+
         def fn():
             mamba2_verify(cache, inp["x"], inp["dt"], inp["B"], inp["C"], head, z=inp["z"],
-                          dt_softplus=True, out=out, block_p=cfg[0], num_warps=cfg[1])
+                          dt_softplus=True, out=out, block_p=cfg[0], num_warps=cfg[1],
+                          verify_launch=launch)
             mamba2_commit(cache, acc, T)
 
         g = capture(fn)
