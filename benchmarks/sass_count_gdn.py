@@ -44,6 +44,10 @@ FLUSH_NVFP4 = [("scratch", {"flush_pass": "scratch"}),
                ("units+scratch+fast", {"flush_grid": "units", "flush_pass": "scratch",
                                        "fast_encode": True})]
 
+VERIFY = [("staged", {}), ("staged-dot", {"verify_launch": "staged-dot"}),
+          ("staged-dot bv64 w4", {"verify_launch": "staged-dot", "verify_block_v": 64,
+                                  "verify_num_warps": 4})]
+
 
 def _shape(model: str) -> tuple[int, int, int, int]:
     from precisionlab.presets import get_preset
@@ -96,9 +100,12 @@ def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dic
                 if _name(fn) == "_prep_kernel":
                     out.append((f"{d} prep_kernel eager", fn, args, kw))
     if only in (None, "verify"):
-        for label, cfg in (("default", {}),):
-            for fn, args, kw in step_calls(model, "fp32", None, cfg, T=4):
-                out.append((f"verify-T4 {_name(fn).strip('_')} {label}", fn, args, kw))
+        for ck, rd in (("fp32", None), ("fp32", "fp8-e4m3")):
+            for label, cfg in VERIFY:
+                for fn, args, kw in step_calls(model, ck, rd, cfg, T=4):
+                    nm = _name(fn).strip("_")
+                    if nm.startswith("vout") or label == "staged":
+                        out.append((f"verify-T4 {rd or ck} {nm} {label}", fn, args, kw))
     return out
 
 

@@ -67,7 +67,15 @@ import triton
 import triton.language as tl
 
 from .codec import as_int32
-from .gdn_extra import inv_unit_lower, load_tile, qk_at, store_state_fast, tile_dots
+from .gdn_extra import (
+    dot_fp32,
+    inv_unit_lower,
+    load_tile,
+    qk_at,
+    store_state_fast,
+    tile_dots,
+    tile_values,
+)
 from .state import StateStore
 from .tl_common import (
     RING_BF16,
@@ -87,6 +95,7 @@ from .tl_formats import (
     FMT_NONE,
     K_BF16_SR,
     K_FP16_SR,
+    K_FP32,
     K_NONE,
     K_NVFP4,
     decode_tile,
@@ -101,6 +110,7 @@ _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
 DOT_PRECISIONS = ("tf32x2", "tf32x3", "ieee")
 LAUNCHES = ("fused", "split", "staged")
 FLUSH_GRIDS = ("persistent", "units")
+VERIFY_LAUNCHES = ("single", "staged", "staged-dot")
 FLUSH_PASSES = ("recompute", "scratch")
 
 
@@ -1060,6 +1070,81 @@ def _vout_kernel(
         Dall = tl.where(offs_r[:, None] == m, dr[None, :], Dall)
 
 
+@triton.jit
+def _vout_mm_kernel(
+    v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
+    T: tl.constexpr, TP: tl.constexpr, TQ: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    CW: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
+):
+    """Staged verify, second launch, as matrix products (``verify_launch="staged-dot"``).
+    Grid as :func:`_vout_kernel`.  All T drafts' reductions of the tile come from one
+    tensor-core product ``X [k_0 .. k_{T-1} q_0 .. q_{T-1}]`` (TQ >= 2T columns; the
+    tile's values exact in tf32, the vectors split, ~fp32 accuracy), the committed
+    ring's part from one more (``D^T [coefficients]``); only the drafts' own
+    contributions to each other (``T (T - 1) / 2`` rows) stay sequential.  A bf16/fp16
+    ring (RING != 0, ``tl_common.RING_FP32``) is exact in tf32 and is not split."""
+    pid = tl.program_id(0)
+    bidx = tl.program_id(1)
+    NVB: tl.constexpr = V // BV
+    GRP: tl.constexpr = HV // HK
+    h = pid // NVB
+    hk = h // GRP
+    slot = tl.load(state_idx + bidx)
+    n = tl.load(pn + bidx)
+    live = (slot >= 0) & (n >= 0)
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    rbase = slot64 * R
+    offs_r = tl.arange(0, RP)
+    offs_k = tl.arange(0, K)
+    offs_t = tl.arange(0, TP)
+    offs_c = tl.arange(0, TQ)
+    offs_v = (pid % NVB) * BV + tl.arange(0, BV)
+    mrow = (offs_v < V) & live
+    codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K, FMT)
+    # column c: draft c's k (c < T) or draft c - T's q (T <= c < 2T); zero beyond
+    isk = offs_c < T
+    used = offs_c < 2 * T
+    dc = tl.where(isk, offs_c, offs_c - T)
+    crow = bidx * T + tl.where(used, dc, 0)
+    KQ = tl.load(pqk + ((crow * HK + hk) * (2 * K) + tl.where(isk, K, 0))[None, :]
+                 + offs_k[:, None], mask=used[None, :], other=0.0)
+    cbase = pco + (crow * HV + h) * CW
+    eA = tl.load(cbase + 2 * RP, mask=used, other=0.0)
+    CKQ = tl.load(cbase[None, :] + tl.where(isk, 0, RP)[None, :] + offs_r[:, None],
+                  mask=used[None, :] & (offs_r < n)[:, None], other=0.0)
+    Dc = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
+                   + offs_v[None, :], (offs_r < n)[:, None] & mrow[None, :], RING)
+    X, rs = tile_values(codes, sc, s2v, FMT, BV, K)
+    P = dot_fp32(X, KQ, FMT != K_FP32, False)
+    Tm = P * rs[:, None] * eA[None, :] + dot_fp32(tl.trans(Dc), CKQ, RING != 0, False)
+    Dd = tl.zeros((TP, BV), dtype=tl.float32)  # the drafts' ring-rounded d
+    for j in tl.static_range(T):
+        row = bidx * T + j
+        cb = pco + (row * HV + h) * CW
+        alpha = tl.load(cb + 2 * RP + 1)
+        beta = tl.load(cb + 2 * RP + 2)
+        kqs = tl.load(cb + 2 * RP + 3)
+        Sk = tl.sum(tl.where(offs_c[None, :] == j, Tm, 0.0), axis=1)
+        Sq = tl.sum(tl.where(offs_c[None, :] == T + j, Tm, 0.0), axis=1)
+        if j > 0:  # the earlier drafts' d, weighted by this draft's coefficients
+            md = offs_t < j
+            ck = tl.load(cb + n + offs_t, mask=md, other=0.0)
+            cq = tl.load(cb + RP + n + offs_t, mask=md, other=0.0)
+            Sk += tl.sum(Dd * ck[:, None], axis=0)
+            Sq += tl.sum(Dd * cq[:, None], axis=0)
+        v = ring_round(tl.load(v_ptr + (row * HV + h) * V + offs_v, mask=mrow,
+                               other=0.0).to(tl.float32), RING)
+        d = beta * (v - alpha * Sk)
+        o = alpha * Sq + d * kqs
+        dr = ring_round(d, RING)
+        pos = rbase + n + j
+        tl.store(out + (row * HV + h) * V + offs_v, o, mask=mrow)
+        ring_store(ring_d + (pos * HV + h) * V + offs_v, dr, mrow, RING)
+        ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
+        Dd = tl.where(offs_t[:, None] == j, dr[None, :], Dd)
+
+
 # ------------------------------------------------------------------------- host
 def _pow2_at_least(n: int, lo: int = 2) -> int:
     return max(lo, triton.next_power_of_2(max(1, n)))
@@ -1317,8 +1402,8 @@ class GDNReplayCache:
         if self.flush_pass not in FLUSH_PASSES:
             raise ValueError(f"flush_pass must be one of {FLUSH_PASSES}, got "
                              f"{self.flush_pass!r}")
-        if self.verify_launch not in ("single", "staged"):
-            raise ValueError(f"verify_launch must be 'single' or 'staged', got "
+        if self.verify_launch not in VERIFY_LAUNCHES:
+            raise ValueError(f"verify_launch must be one of {VERIFY_LAUNCHES}, got "
                              f"{self.verify_launch!r}")
         self._vscratch = None
         self._fscratch = None
@@ -1549,7 +1634,7 @@ class GDNReplayCache:
         if out is None:
             out = torch.empty((B, T, self.HV, self.V), dtype=torch.float32, device=q.device)
         r = self.read if self.read is not None else self.ckpt
-        if self.verify_launch == "staged":
+        if self.verify_launch.startswith("staged"):
             self._verify_staged(q, k, v, a, b, A_log, dt_bias, state_indices, out, r, T)
             return out
         _verify_kernel[(self.V // self.verify_BV, B * self.HV)](
@@ -1583,6 +1668,14 @@ class GDNReplayCache:
             num_warps=self.prep_num_warps,
         )
         bv = self.verify_BV
+        if self.verify_launch == "staged-dot":
+            self.compiled["vout"] = _vout_mm_kernel[(self.HV * (self.V // bv), B)](
+                v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco,
+                pn, T, _pow2_at_least(T, 2), _pow2_at_least(2 * T, 16), self.HK, self.HV,
+                self.K, self.V, bv, self.R, self.RP, self.CW, r.fmt_id, self.ring_id,
+                num_warps=self.verify_num_warps, maxnreg=self.verify_maxnreg,
+            )
+            return
         self.compiled["vout"] = _vout_kernel[(self.HV * (self.V // bv), B)](
             v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
             T, self.HK, self.HV, self.K, self.V, bv, self.R, self.RP, self.CW, r.fmt_id,
