@@ -10,7 +10,9 @@ disassembled with the ``cuobjdump`` that Triton ships.  Pointers are taken as
 device specialises them); ``HW_CVT`` is forced on (compiled code).
 
 Counts are static instructions of the whole kernel (all branches, both passes of an
-nvfp4 flush; NOPs excluded): compare variants of the same kernel, not kernels.
+nvfp4 flush; NOPs excluded) and of every loop (backward-branch range; the innermost
+ones are the per-chunk / per-tile bodies, per thread): compare variants of the same
+kernel, and multiply a body by its trips and warps for per-head work.
 
     python benchmarks/sass_count.py                       # all variants, nano-4b shape
     python benchmarks/sass_count.py --model nemotron-3-super-120b --only flush
@@ -139,11 +141,30 @@ def count_sass(text: str) -> tuple[int, collections.Counter]:
     return sum(ops.values()), ops
 
 
+_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def loop_bodies(text: str) -> list[int]:
+    """Instructions (NOPs excluded) of every backward branch's range, in address order:
+    the innermost ranges are the per-chunk / per-tile loop bodies."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, text.splitlines()) if m]
+    out = []
+    for a, t in ins:
+        if "BRA" in t.split(" ")[0] or re.match(r"^@!?U?P\w+\s+BRA", t):
+            tgt = re.search(r"0x([0-9a-f]+)", t)
+            if tgt and int(tgt.group(1), 16) < a:
+                lo = int(tgt.group(1), 16)
+                out.append((lo, sum(1 for x, tt in ins if lo <= x <= a
+                                    and not tt.startswith("NOP"))))
+    return [n for _, n in sorted(out)]
+
+
 def _stats(kernel, sass: str) -> dict:
     total, ops = count_sass(sass)
     md = kernel.metadata
     regs, spills = ptxas_usage(kernel)
-    return {"sass": total, "regs": regs, "spills": spills, "shared": md_get(md, "shared"),
+    return {"sass": total, "loops": loop_bodies(sass), "regs": regs, "spills": spills,
+            "shared": md_get(md, "shared"),
             "top": dict(ops.most_common(8))}
 
 
@@ -279,7 +300,7 @@ def main(argv=None) -> int:
             row = {"variant": name, "kernel": fn.__name__, **st}
             rows.append(row)
             print(f"{name:52s} {fn.__name__:22s} sass {st['sass']:6d}  regs {st['regs']}  "
-                  f"spills {st['spills']}  smem {st['shared']}", flush=True)
+                  f"spills {st['spills']}  smem {st['shared']}  loops {st['loops']}", flush=True)
             if a.dump:
                 d = Path(a.dump)
                 d.mkdir(parents=True, exist_ok=True)

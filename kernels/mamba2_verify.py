@@ -15,10 +15,11 @@ single-launch verify of ``mamba2_kernel``; same semantics, see ``mamba2_spec``).
   RB)``; the drafts' dt and (per group) B are appended to the ring; the row's
   draft base ``c0 | half << 16`` goes to ``pos``.
 * **Output launch** (:func:`m2_verify_out_kernel`, grid ``(heads, batch)``): per
-  tile ``[BLOCK_P, N]`` of the copy (tiles of a head unrolled) the tile is loaded
-  and decoded once; each draft's output is ``e^Lambda_k (S C_k) + sum_i W[k, i] x_i
-  + D x_k`` (gated) with the ring's committed x rows and the drafts' x rows loaded
-  once per tile; the drafts' x rows are appended to the ring.
+  tile ``[BLOCK_P, N]`` of the copy (a ``tl.range`` pipeline over the head's
+  tiles) the tile is loaded and decoded once; each draft's output is
+  ``e^Lambda_k (S C_k) + sum_i W[k, i] x_i + D x_k`` (gated) with the ring's
+  committed x rows and the drafts' x rows loaded once per tile; the drafts' x
+  rows are appended to the ring.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def m2_verify_out_kernel(
     H, G, P, L, LR,
     N: tl.constexpr, BLOCK_P: tl.constexpr, NPB: tl.constexpr, RB: tl.constexpr,
     T: tl.constexpr, TB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_D: tl.constexpr, NS: tl.constexpr = 2,
 ):
     h = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -169,7 +170,7 @@ def m2_verify_out_kernel(
     vd = (j >= 0) & (j < T)
     jj = tl.where(vd, j, 0)
     base = (b * H + h) * TB
-    for q in tl.static_range(NPB):
+    for q in tl.range(0, NPB, num_stages=NS):
         rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
         m = rows < P
         # the state tile: loaded once for all drafts
