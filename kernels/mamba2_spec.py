@@ -18,7 +18,7 @@ Semantics (per slot, ``c`` = committed ring entries):
 * ``commit(n)``: ``c += n`` and the slot's step counter advances by ``n``;
   rejected entries are overwritten by the next verify.
 * The stochastic-rounding step of a verify flush is ``steps[slot] - 1`` (the
-  last folded token's step); the torch decoder uses its flush counter instead.
+  last folded token's step), as in the torch decoder.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .designs import Design, TorchDesignRunner
+from .designs import Design, TorchDesignRunner, store_state
 from .kinds import LayerKind
 
 
@@ -35,6 +35,8 @@ class SpeculativeDecoder(TorchDesignRunner):
     ):
         super().__init__(design, kind, params, batch, device, ring_dtype, seed, state0)
         self.committed = torch.zeros(batch, dtype=torch.long, device=device)
+        self.steps = torch.zeros(batch, dtype=torch.long, device=device)
+        """Tokens each sequence has committed so far (its decode step counter)."""
         self.flushes = 0
 
     def verify(self, drafts: Sequence) -> list[torch.Tensor]:
@@ -54,19 +56,25 @@ class SpeculativeDecoder(TorchDesignRunner):
     def commit(self, accepted: torch.Tensor) -> None:
         """Accept the first ``accepted[b]`` drafts of sequence b."""
         self.committed = self.committed + accepted.to(self.committed)
+        self.steps = self.steps + accepted.to(self.steps)
 
     def _flush(self, which: torch.Tensor) -> None:
         """Fold the committed entries of the sequences in ``which`` into a new checkpoint."""
         capacity = self.design.window
         valid = torch.arange(capacity, device=which.device)[None] < self.committed[:, None]
         S_new = self.kind.fold_valid(self.ckpt, self.ring, self.params, valid)
-        old_ckpt, old_read = self.ckpt, self.read
-        self._store(S_new, self.flushes)
+        # stochastic rounding takes the step of the last folded token, per sequence
+        # (as plain decoding's flush at step t does, and as the kernels do)
+        sr_step = (self.steps - 1).clamp_min(0)
+        ckpt, read = self.ckpt.clone(), self.read.clone()
+        for step in sr_step[which].unique().tolist():
+            new_ckpt, new_read = store_state(self.design, S_new, self.seed, int(step))
+            rows = (which & (sr_step == step))[:, None, None, None]
+            ckpt = torch.where(rows, new_ckpt, ckpt)
+            read = torch.where(rows, new_read, read)
+        self.ckpt = ckpt
+        self.read = ckpt if self.design.kind == "shared" else read
         self.flushes += 1
-        keep = ~which[:, None, None, None]
-        self.ckpt = torch.where(keep, old_ckpt, self.ckpt)
-        self.read = self.ckpt if self.design.kind == "shared" else torch.where(
-            keep, old_read, self.read)
         self.committed = torch.where(which, torch.zeros_like(self.committed), self.committed)
 
 

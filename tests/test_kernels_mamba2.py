@@ -326,7 +326,8 @@ def _stack(inps, name):
     return torch.stack([getattr(i, name) for i in inps], dim=1).contiguous()
 
 
-VERIFY_DESIGNS = [shared("fp32", 5), split("fp32", "fp8-e4m3", 5)]
+VERIFY_DESIGNS = [shared("fp32", 5), split("fp32", "fp8-e4m3", 5),
+                  split("fp16-sr", "fp8-e4m3", 5), shared("nvfp4", 5)]
 VERIFY_CASES = ([(d, "single") for d in VERIFY_DESIGNS]
                 + [(d, "staged") for d in VERIFY_DESIGNS])
 

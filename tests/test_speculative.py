@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from precisionlab.designs import shared, split
+from precisionlab.designs import TorchDesignRunner, shared, split
 from precisionlab.kinds import kind_for
 from precisionlab.speculative import SpeculativeDecoder, acceptance_lengths
 from precisionlab.traces import SyntheticTrace
@@ -76,6 +76,35 @@ def test_accepted_outputs_equal_plain_decoding(model, make, drafts, p):
     assert checked > 100
     assert worst <= 1e-5
     assert dec.flushes > 0
+
+
+@pytest.mark.parametrize("model", ["tiny-mamba2", "tiny-gdn"])
+def test_flush_rounds_stochastically_as_plain_decoding(model):
+    """A verify flush rounds with the step of the last token it folds, per sequence,
+    so with every draft accepted the stochastically rounded checkpoint is the one
+    plain decoding stores at the same token (the kernels use the same step)."""
+    trace = SyntheticTrace(model, steps=24, batch=2, seed=5)
+    kind = kind_for(trace.preset)
+    p32 = kind.params({k: v.float() for k, v in trace.params.items()})
+    steps = [kind.prepare(r, p32, torch.float32) for r in trace]
+    design, T, cpu = shared("fp16-sr", 4), 2, torch.device("cpu")
+    plain = TorchDesignRunner(design, kind, p32, 2, cpu, torch.float32, seed=7)
+    spec = SpeculativeDecoder(design, kind, p32, 2, cpu, torch.float32, seed=7)
+    stored = {}
+    for t, inp in enumerate(steps):
+        if plain.step(inp, t)[1] is not None:
+            stored[t] = plain.ckpt.clone()
+    compared = 0
+    for first in range(0, len(steps) - T + 1, T):
+        flushes = spec.flushes
+        spec.verify(steps[first:first + T])
+        if spec.flushes > flushes:  # folded tokens 0 .. first - 1
+            ref = stored[first - 1]
+            differ = (spec.ckpt != ref).float().mean()
+            assert float(differ) < 1e-3, f"flush after token {first - 1}: {float(differ):.3f}"
+            compared += 1
+        spec.commit(torch.full((2,), T))
+    assert compared >= 4
 
 
 def test_rejected_drafts_would_be_visible():
