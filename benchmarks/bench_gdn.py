@@ -109,6 +109,13 @@ SWEEP = {
         {"verify_block_v": 64, "verify_num_warps": 2})],
 }
 
+# batch-1 alternatives (the fused launch; picked whole, by window mean): the integer-
+# rounded encoders in the programs' own flushes (offline sm_90: fp8 3565 -> 3484 SASS,
+# nvfp4 7708 -> 7093, its second flush pass 2947 -> 2334 per chunk)
+SWEEP_SMALL = {"split-fp32-fp8": [{"fast_encode": True}],
+               "split-fp16sr-nvfp4": [{"fast_encode": True},
+                                      {"fast_encode": True, "flush_chunk": 16}]}
+
 
 # per-launch diagnosis (``--phase diag``): (variant, batch, overrides of LARGE / SMALL)
 DIAG = [("split-fp32-fp8", 256, {}), ("split-fp16sr-nvfp4", 256, {}),
@@ -182,7 +189,8 @@ def configs_for(batches, overrides=None) -> dict:
     for b in batches:
         for v in LARGE:
             base = SMALL[v] if b < 16 else LARGE[v]
-            out[(v, b)] = {**base, **((overrides or {}).get(v, {}) if b >= 16 else {})}
+            key = v if b >= 16 else f"{v}@small"
+            out[(v, b)] = {**base, **(overrides or {}).get(key, {})}
     return out
 
 
@@ -251,6 +259,9 @@ def plan_sweep(model: str, window: int) -> list[tuple]:
     for v, alts in SWEEP.items():
         for cfg in [LARGE[v]] + [{**LARGE[v], **o} for o in alts]:
             jobs.append(("bench", model, 256, window, v, cfg))
+    for v, alts in SWEEP_SMALL.items():
+        for cfg in [SMALL[v]] + [{**SMALL[v], **o} for o in alts]:
+            jobs.append(("bench", model, 1, window, v, cfg))
     return jobs
 
 
@@ -267,6 +278,24 @@ def sweep(model: str, window: int, out: str, deadline: float | None = None) -> d
         log[variant] = rows
         over[variant] = pick(variant, rows)
         print(f"sweep {variant}: picked {over[variant]}")
+        for r in rows:
+            print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()},
+                  flush=True)
+        with open(os.path.join(out, "gdn_sweep.json"), "w") as f:
+            json.dump({"rows": log, "picked": over}, f, indent=1)
+    for variant, alts in SWEEP_SMALL.items():  # batch 1: the fastest whole configuration
+        base = SMALL[variant]
+        rows = sweep_configs(model, 1, window, variant, [base] + [{**base, **o} for o in alts],
+                             rounds=2, reps=10, deadline=deadline)
+        key = f"{variant}@small"
+        log[key] = rows
+        ok = [r for r in rows if "error" not in r]
+        best = min(ok, key=lambda r: r["us_per_step"]) if ok else {}
+        over[key] = {k: v for k, v in best.items() if k not in base or base[k] != v} \
+            if best else {}
+        for k in ("us_per_step", "us_output", "us_flush"):
+            over[key].pop(k, None)
+        print(f"sweep {key}: picked {over[key]}")
         for r in rows:
             print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()},
                   flush=True)
@@ -349,6 +378,9 @@ def main() -> None:
         for v in list(SWEEP):
             if v not in args.sweep_variants:
                 del SWEEP[v]
+        for v in list(SWEEP_SMALL):
+            if v not in args.sweep_variants:
+                del SWEEP_SMALL[v]
     over = {}
     warmed = set()
     djobs = diag_jobs(args.models[0], args.windows[0]) if "diag" in phases else []

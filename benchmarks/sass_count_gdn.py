@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -30,7 +31,30 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from sass_count import _Recorder, _stats, compile_call, sass_of  # noqa: E402
+from sass_count import _INSN, _Recorder, _stats, compile_call, sass_of  # noqa: E402
+
+_ADDR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/")
+_BRA = re.compile(r"\bBRA\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)")
+
+
+def loop_bodies(text: str) -> list[int]:
+    """Instructions (NOPs excluded) between each backward branch and its target, in
+    address order: the bodies of the kernel's loops (an outer loop's count includes
+    its inner ones).  With the trip counts (a flush unit's chunk loop runs
+    ``block_v / flush_chunk`` times per pass) they turn static counts into per-unit
+    work."""
+    insns = []
+    for line in text.splitlines():
+        m = _ADDR.match(line)
+        if m and _INSN.match(line) and " NOP" not in line:
+            insns.append((int(m.group(1), 16), line))
+    out = []
+    for addr, line in insns:
+        b = _BRA.search(line)
+        if b and int(b.group(1), 16) < addr:
+            lo = int(b.group(1), 16)
+            out.append(sum(1 for a, _ in insns if lo <= a <= addr))
+    return out
 
 # (design name, checkpoint, read copy) as the GDN benchmark names them
 DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
@@ -99,6 +123,11 @@ def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dic
             for fn, args, kw in step_calls(model, ck, rd, {"eager": True}):
                 if _name(fn) == "_prep_kernel":
                     out.append((f"{d} prep_kernel eager", fn, args, kw))
+    if only in (None, "batch1"):  # the small-batch fused launch (one launch per step)
+        for d, (ck, rd) in DESIGNS.items():
+            for label, cfg in (("default", {}), ("fast", {"fast_encode": True})):
+                for fn, args, kw in step_calls(model, ck, rd, cfg, batch=1):
+                    out.append((f"batch1 {d} {_name(fn).strip('_')} {label}", fn, args, kw))
     if only in (None, "verify"):
         for ck, rd in (("fp32", None), ("fp32", "fp8-e4m3")):
             for label, cfg in VERIFY:
@@ -112,7 +141,7 @@ def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dic
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3.5-4b")
-    ap.add_argument("--only", choices=("flush", "output", "verify"), default=None)
+    ap.add_argument("--only", choices=("flush", "output", "verify", "batch1"), default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--dump", default=None, help="folder for the SASS text of each variant")
     a = ap.parse_args(argv)
@@ -121,7 +150,7 @@ def main(argv=None) -> int:
         try:
             k = compile_call(fn, args, kw)
             sass = sass_of(k)
-            row = {"variant": name, **_stats(k, sass)}
+            row = {"variant": name, **_stats(k, sass), "loops": loop_bodies(sass)}
             if a.dump:
                 os.makedirs(a.dump, exist_ok=True)
                 Path(a.dump, name.replace(" ", "_").replace("+", "-") + ".sass").write_text(sass)
@@ -132,7 +161,7 @@ def main(argv=None) -> int:
             print(f"{name:44s} ERROR {row['error']}", flush=True)
         else:
             print(f"{name:44s} sass {row['sass']:6d}  regs {row['regs']!s:>4s}  spills "
-                  f"{row['spills']!s:>5s}  top {row['top']}", flush=True)
+                  f"{row['spills']!s:>5s}  loops {row['loops']}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"model": a.model, "rows": rows}, f, indent=1)

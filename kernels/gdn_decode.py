@@ -484,7 +484,7 @@ def _replay_kernel(
     R: tl.constexpr,
     RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
     RING: tl.constexpr, FUSED: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
-    EAGER: tl.constexpr,
+    EAGER: tl.constexpr, FAST: tl.constexpr = False,
 ):
     """One decode step of a plain replay cache.  Grid ``(HV * (V // BV) // TPP, B)``:
     program p of batch row b streams TPP consecutive tiles (BV rows of one v-head;
@@ -500,7 +500,8 @@ def _replay_kernel(
     EAGER (one-tile programs): the ring tiles (k, g, d) are loaded whole, right after
     the slot index and together with the clock and the state tile, and masked by the
     ring position in registers: no load waits for the clock (small batches, where the
-    chain of round trips is the step's time)."""
+    chain of round trips is the step's time).  FAST: the fused flush's encoders from
+    :func:`gdn_extra.encode_tile_fast` (the same bits)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
@@ -578,7 +579,7 @@ def _replay_kernel(
                                 out + (bidx * HV + h) * V, rbase, h, hk,
                                 slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g, beta,
                                 seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                                RING, True, FRESH, DOT)
+                                RING, True, FRESH, DOT, True, None, False, FAST)
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
@@ -1321,7 +1322,8 @@ class GDNReplayCache:
       chunk twice, once for the matrix amax) or ``"scratch"`` (the first pass keeps
       the fp32 rows in a global scratch, the second only encodes them).
     * ``fast_encode``: the flush's encoders by integer rounding
-      (:func:`gdn_extra.encode_tile_fast`; the same bits).
+      (:func:`gdn_extra.encode_tile_fast`; the same bits), in the flush launch and in
+      the fused launch's own flushes.
     * ``maxnreg`` (fused or flush launch), ``out_maxnreg``, ``verify_maxnreg``: register
       caps per thread (0: none, the compiler's choice; None: the default).
 
@@ -1550,7 +1552,7 @@ class GDNReplayCache:
             self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
             min(self.FB, bv), self.flush_stages, self.L, self.R, self.RP, self.LOG2RP, c.fmt_id,
             f_id, self.ring_id, fused, self.fresh is not None, self.dot,
-            self.eager and tpp == 1, num_warps=nw, maxnreg=mr,
+            self.eager and tpp == 1, self.fast_encode, num_warps=nw, maxnreg=mr,
         )
         return out
 

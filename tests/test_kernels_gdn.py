@@ -291,6 +291,9 @@ CONFIGS = [
                                         flush_grid="units", fast_encode=True)),
     # ... fast mxfp4 encoder and bf16 stochastic rounding
     (split("bf16-sr", "mxfp4", 2), dict(launch="staged", block_v=16, fast_encode=True)),
+    # small-batch fused launch: fast encoders in the programs' own flushes (fp16-sr
+    # checkpoint, fp8 read copy)
+    (split("fp16-sr", "fp8-e4m3", 3), dict(block_v=16, fast_encode=True)),
 ]
 
 
