@@ -133,7 +133,7 @@ def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dic
             for label, cfg in VERIFY:
                 for fn, args, kw in step_calls(model, ck, rd, cfg, T=4):
                     nm = _name(fn).strip("_")
-                    if nm.startswith("vout") or label == "staged":
+                    if nm.startswith("vout") or label in ("staged", "staged-dot"):
                         out.append((f"verify-T4 {rd or ck} {nm} {label}", fn, args, kw))
     return out
 
