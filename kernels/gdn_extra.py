@@ -15,10 +15,8 @@
 * :func:`tile_values` / :func:`dot_fp32`: a stored tile as values exact in tf32 (times
   a per-row scale) and ~fp32-accurate tensor-core products that split only the
   operands that are not exact in tf32 (the matrix-product verify).
-* :func:`encode_tile_fast` / :func:`store_state_fast`: ``tl_formats``' encoders with
-  integer-rounded minifloat codes and SR scaled by a power of two (the same bits).
-
-Candidates to move into ``tl_formats.py``.
+* :func:`store_state_fast`: ``tl_formats.store_state`` with its integer-rounding
+  encoders (``encode_tile_with(..., FAST=True)``; the same bits).
 """
 
 from __future__ import annotations
@@ -37,21 +35,12 @@ from .tl_formats import (
     K_MXFP4,
     K_NVFP4,
     bf16_bits_to_f32,
-    bf16_rne_bits,
-    block_max,
-    copysign,
     e2m1_value,
     e8m0_value,
     element_index,
-    encode_tile,
-    exponent_of,
+    encode_tile_with,
     fp16_bits_to_f32,
-    fp16_rne_bits,
-    is_finite,
-    pack_nibbles,
     per_block,
-    pow2,
-    sr_bits,
     sr_key,
     store_codes,
     store_state,
@@ -182,125 +171,11 @@ def inv_unit_lower(Nm, RP: tl.constexpr, LOG2RP: tl.constexpr):
 
 
 @triton.jit
-def minifloat_code_bits(y, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                        MAXC: tl.constexpr, NEG_ZERO: tl.constexpr):
-    """``tl_formats.minifloat_code`` by integer rounding (the same codes; ``MAXC`` is the
-    code of the saturation value).  Normal range: RNE of the fp32 significand to MBITS
-    bits is ``(bits + half - 1 + lsb) >> (23 - MBITS)`` (a carry moves into the
-    exponent), rebiased by one subtraction; below the smallest normal the code is the
-    integer ``RNE(|y| 2**(BIAS - 1 + MBITS))`` (adding 2**23 rounds it).  NaN:
-    unspecified (callers mask non-finite values)."""
-    b = y.to(tl.int32, bitcast=True)
-    ab = b & 0x7FFFFFFF
-    SH: tl.constexpr = 23 - MBITS
-    HALF: tl.constexpr = (1 << (SH - 1)) - 1
-    ab = tl.minimum(ab, 0x7F000000)  # finite and no int32 overflow below (inf saturates)
-    normal = ((ab + HALF + ((ab >> SH) & 1)) >> SH) - ((127 - BIAS) << MBITS)
-    a = ab.to(tl.float32, bitcast=True)
-    SUBS: tl.constexpr = 2.0 ** (BIAS - 1 + MBITS)
-    sub = (a * SUBS + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-    mag = tl.minimum(tl.where(a < 2.0 ** (1 - BIAS), sub, normal), MAXC)
-    if NEG_ZERO:
-        neg = (b >> 31) & 1
-    else:
-        neg = (y < 0).to(tl.int32)
-    return mag | (neg << (EBITS + MBITS))
-
-
-@triton.jit
-def e4m3_code_bits(y, NEG_ZERO: tl.constexpr):
-    """``tl_formats.e4m3_code`` (RNE, saturating at 448 = code 126)."""
-    return minifloat_code_bits(y, 4, 3, 7, 126, NEG_ZERO)
-
-
-@triton.jit
-def e2m1_code_bits(y, NEG_ZERO: tl.constexpr):
-    """``tl_formats.e2m1_code`` (RNE, saturating at 6 = code 7)."""
-    return minifloat_code_bits(y, 2, 1, 1, 7, NEG_ZERO)
-
-
-@triton.jit
-def e4m3_pos_value(code):
-    """float32 value of a positive finite E4M3 code (int32, 0..126) from its bits."""
-    normal = ((code + ((127 - 7) << 3)) << 20).to(tl.float32, bitcast=True)
-    return tl.where(code < 8, code.to(tl.float32) * 0.001953125, normal)
-
-
-@triton.jit
-def sr_round_fast(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
-    """``tl_formats.sr_round`` with ``|x| / ulp`` as a product by the exact power of two
-    ``1 / ulp`` (exact: the quotient is below ``2**(MBITS + 1)``; where ``1 / ulp``
-    would pass 2**127 the tiny ``|x|`` is first scaled by 2**64, also exact)."""
-    a = tl.abs(x)
-    e = tl.minimum(tl.maximum(exponent_of(a), EMIN), 127 + MBITS)
-    ulp = pow2(e - MBITS)
-    if MBITS - EMIN > 126:  # 1 / ulp can pass 2**127 (bf16): pre-scale tiny |x| by 2**64
-        tiny = e < -64
-        v = tl.where(tiny, a * 1.8446744073709552e19, a) * pow2(MBITS - e -
-                                                                tl.where(tiny, 64, 0))
-    else:
-        v = a * pow2(MBITS - e)
-    lo = tl.floor(v)
-    u = (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
-    q = (lo + tl.where(u < v - lo, 1.0, 0.0)) * ulp
-    q = copysign(tl.minimum(q, MAXV), x)
-    return tl.where(a < float("inf"), q, x)
-
-
-@triton.jit
-def encode_tile_fast(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.constexpr,
-                     N: tl.constexpr):
-    """``tl_formats.encode_tile`` with the encoders above (the same codes and scales)."""
-    s1 = 0.0
-    s2 = 0.0
-    if FMT == K_BF16_SR:
-        codes = bf16_rne_bits(sr_round_fast(S, sr_bits(index, key), 7, -126,
-                                            3.3895313892515355e38))
-    elif FMT == K_FP16_SR:
-        codes = fp16_rne_bits(sr_round_fast(S, sr_bits(index, key), 10, -14, 65504.0))
-    elif FMT == K_FP8:
-        fin = is_finite(S)
-        amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
-        s1 = tl.math.div_rn(amax, 448.0)
-        y = tl.math.div_rn(S, tl.where(s1 > 0, s1, 1.0)[:, None])
-        c = e4m3_code_bits(tl.minimum(tl.maximum(y, -448.0), 448.0), True)
-        codes = tl.where(fin, c, 0x7F).to(tl.uint8)
-    elif FMT == K_NVFP4:
-        fin = is_finite(S)
-        a = tl.where(fin, tl.abs(S), 0.0)
-        s2 = tl.math.div_rn(amax_mat, 2688.0)
-        nonzero = s2 > 0
-        s = tl.math.div_rn(block_max(a, BLOCK_P, N, 16), 6.0 * s2)
-        s = tl.where(s == 0, 1.0, s)
-        s = tl.where(nonzero, s, 1.0)
-        sc = e4m3_code_bits(tl.minimum(tl.maximum(s, 2.0**-9), 448.0), True)
-        den = per_block(e4m3_pos_value(sc) * s2, BLOCK_P, N, 16)
-        y = tl.math.div_rn(S, den)
-        bfin = block_max(tl.where(fin, 0, 1), BLOCK_P, N, 16) == 0
-        okb = tl.where(nonzero, bfin.to(tl.int32), 0)
-        ok = per_block(okb, BLOCK_P, N, 16) != 0
-        codes = pack_nibbles(tl.where(ok, e2m1_code_bits(y, False), 0), BLOCK_P, N)
-        s1 = tl.where(bfin, sc, 0x7F).to(tl.uint8)
-    elif FMT == K_MXFP4:
-        fin = is_finite(S)
-        a = tl.where(fin, tl.abs(S), 0.0)
-        k = tl.minimum(tl.maximum(exponent_of(block_max(a, BLOCK_P, N, 32)) - 2, -127), 127)
-        y = S * per_block(pow2(-k), BLOCK_P, N, 32)  # exact power of two: = S / 2**k
-        bfin = block_max(tl.where(fin, 0, 1), BLOCK_P, N, 32) == 0
-        ok = per_block(bfin.to(tl.int32), BLOCK_P, N, 32) != 0
-        codes = pack_nibbles(tl.where(ok, e2m1_code_bits(y, True), 0), BLOCK_P, N)
-        s1 = tl.where(bfin, k + 127, 0xFF).to(tl.uint8)
-    else:
-        codes, s1, s2 = encode_tile(S, FMT, index, key, amax_mat, BLOCK_P, N)
-    return codes, s1, s2
-
-
-@triton.jit
 def store_state_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
                      amax_mat, FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
                      FAST: tl.constexpr):
-    """``tl_formats.store_state`` (FAST 0) or the same bits from :func:`encode_tile_fast`
-    (FAST 1).  Returns nothing."""
+    """``tl_formats.store_state`` (FAST 0) or the same bits from the integer-rounding
+    encoders (``tl_formats.encode_tile_with(..., FAST=True)``, FAST 1).  Returns nothing."""
     if FAST:
         if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
             index = element_index(mat, offs_p, P, N)
@@ -308,7 +183,7 @@ def store_state_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed,
         else:
             index = 0
             key = 0
-        codes, s1, s2 = encode_tile_fast(S, FMT, index, key, amax_mat, BLOCK_P, N)
+        codes, s1, s2 = encode_tile_with(S, FMT, index, key, amax_mat, BLOCK_P, N, True)
         store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P, FMT,
                     BLOCK_P, N)
     else:

@@ -317,13 +317,81 @@ def matrix_amax(S):
 
 
 @triton.jit
-def encode_tile(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.constexpr,
-                N: tl.constexpr):
+def minifloat_code_bits(y, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                        MAXC: tl.constexpr, NEG_ZERO: tl.constexpr):
+    """:func:`minifloat_code` by integer rounding (the same codes; ``MAXC`` is the
+    code of the saturation value).  Normal range: RNE of the fp32 significand to MBITS
+    bits is ``(bits + half - 1 + lsb) >> (23 - MBITS)`` (a carry moves into the
+    exponent), rebiased by one subtraction; below the smallest normal the code is the
+    integer ``RNE(|y| 2**(BIAS - 1 + MBITS))`` (adding 2**23 rounds it).  NaN:
+    unspecified (callers mask non-finite values)."""
+    b = y.to(tl.int32, bitcast=True)
+    ab = b & 0x7FFFFFFF
+    SH: tl.constexpr = 23 - MBITS
+    HALF: tl.constexpr = (1 << (SH - 1)) - 1
+    ab = tl.minimum(ab, 0x7F000000)  # finite and no int32 overflow below (inf saturates)
+    normal = ((ab + HALF + ((ab >> SH) & 1)) >> SH) - ((127 - BIAS) << MBITS)
+    a = ab.to(tl.float32, bitcast=True)
+    SUBS: tl.constexpr = 2.0 ** (BIAS - 1 + MBITS)
+    sub = (a * SUBS + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    mag = tl.minimum(tl.where(a < 2.0 ** (1 - BIAS), sub, normal), MAXC)
+    if NEG_ZERO:
+        neg = (b >> 31) & 1
+    else:
+        neg = (y < 0).to(tl.int32)
+    return mag | (neg << (EBITS + MBITS))
+
+
+@triton.jit
+def e4m3_code_bits(y, NEG_ZERO: tl.constexpr):
+    """:func:`e4m3_code` (RNE, saturating at 448 = code 126)."""
+    return minifloat_code_bits(y, 4, 3, 7, 126, NEG_ZERO)
+
+
+@triton.jit
+def e2m1_code_bits(y, NEG_ZERO: tl.constexpr):
+    """:func:`e2m1_code` (RNE, saturating at 6 = code 7)."""
+    return minifloat_code_bits(y, 2, 1, 1, 7, NEG_ZERO)
+
+
+@triton.jit
+def e4m3_pos_value(code):
+    """float32 value of a positive finite E4M3 code (int32, 0..126) from its bits."""
+    normal = ((code + ((127 - 7) << 3)) << 20).to(tl.float32, bitcast=True)
+    return tl.where(code < 8, code.to(tl.float32) * 0.001953125, normal)
+
+
+@triton.jit
+def sr_round_fast(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
+    """:func:`sr_round` with ``|x| / ulp`` as a product by the exact power of two
+    ``1 / ulp`` (exact: the quotient is below ``2**(MBITS + 1)``; where ``1 / ulp``
+    would pass 2**127 the tiny ``|x|`` is first scaled by 2**64, also exact)."""
+    a = tl.abs(x)
+    e = tl.minimum(tl.maximum(exponent_of(a), EMIN), 127 + MBITS)
+    ulp = pow2(e - MBITS)
+    if MBITS - EMIN > 126:  # 1 / ulp can pass 2**127 (bf16): pre-scale tiny |x| by 2**64
+        tiny = e < -64
+        v = tl.where(tiny, a * 1.8446744073709552e19, a) * pow2(MBITS - e -
+                                                                tl.where(tiny, 64, 0))
+    else:
+        v = a * pow2(MBITS - e)
+    lo = tl.floor(v)
+    u = (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
+    q = (lo + tl.where(u < v - lo, 1.0, 0.0)) * ulp
+    q = copysign(tl.minimum(q, MAXV), x)
+    return tl.where(a < float("inf"), q, x)
+
+
+@triton.jit
+def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.constexpr,
+                     N: tl.constexpr, FAST: tl.constexpr):
     """Encode a float32 tile into ``(codes, s1, s2)`` of format ``FMT``.
 
     ``index``: uint32 [BLOCK_P, N] element indices and ``key``: uint32 stream key
     (stochastic formats only); ``amax_mat``: the whole matrix's finite amax (nvfp4
-    only; a tile may hold part of the matrix).  Rows outside the matrix must be zero."""
+    only; a tile may hold part of the matrix).  Rows outside the matrix must be zero.
+    ``FAST``: the integer-rounding encoders (:func:`e4m3_code_bits`, :func:`e2m1_code_bits`,
+    :func:`sr_round_fast`), fewer instructions for the same bits."""
     s1 = 0.0
     s2 = 0.0
     if FMT == K_FP32:
@@ -333,17 +401,27 @@ def encode_tile(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.constexp
     elif FMT == K_FP16:
         codes = fp16_rne_bits(S)
     elif FMT == K_BF16_SR:
-        q = sr_round(S, sr_bits(index, key), 7, -126, 3.3895313892515355e38)
+        if FAST:
+            q = sr_round_fast(S, sr_bits(index, key), 7, -126, 3.3895313892515355e38)
+        else:
+            q = sr_round(S, sr_bits(index, key), 7, -126, 3.3895313892515355e38)
         codes = bf16_rne_bits(q)
     elif FMT == K_FP16_SR:
-        q = sr_round(S, sr_bits(index, key), 10, -14, 65504.0)
+        if FAST:
+            q = sr_round_fast(S, sr_bits(index, key), 10, -14, 65504.0)
+        else:
+            q = sr_round(S, sr_bits(index, key), 10, -14, 65504.0)
         codes = fp16_rne_bits(q)
     elif FMT == K_FP8:
         fin = is_finite(S)
         amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
         s1 = tl.math.div_rn(amax, 448.0)
         y = tl.math.div_rn(S, tl.where(s1 > 0, s1, 1.0)[:, None])
-        c = e4m3_code(tl.minimum(tl.maximum(y, -448.0), 448.0), True)
+        y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+        if FAST:
+            c = e4m3_code_bits(y, True)
+        else:
+            c = e4m3_code(y, True)
         codes = tl.where(fin, c, 0x7F).to(tl.uint8)
     elif FMT == K_NVFP4:
         fin = is_finite(S)
@@ -353,24 +431,49 @@ def encode_tile(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.constexp
         s = tl.math.div_rn(block_max(a, BLOCK_P, N, 16), 6.0 * s2)
         s = tl.where(s == 0, 1.0, s)
         s = tl.where(nonzero, s, 1.0)
-        sc = e4m3_code(tl.minimum(tl.maximum(s, 2.0**-9), 448.0), True)
-        den = per_block(e4m3_value(sc) * s2, BLOCK_P, N, 16)
+        s = tl.minimum(tl.maximum(s, 2.0**-9), 448.0)
+        if FAST:
+            sc = e4m3_code_bits(s, True)
+            den = per_block(e4m3_pos_value(sc) * s2, BLOCK_P, N, 16)
+        else:
+            sc = e4m3_code(s, True)
+            den = per_block(e4m3_value(sc) * s2, BLOCK_P, N, 16)
         y = tl.math.div_rn(S, den)
         bfin = block_max(tl.where(fin, 0, 1), BLOCK_P, N, 16) == 0
         okb = tl.where(nonzero, bfin.to(tl.int32), 0)
         ok = per_block(okb, BLOCK_P, N, 16) != 0
-        codes = pack_nibbles(tl.where(ok, e2m1_code(y, False), 0), BLOCK_P, N)
+        if FAST:
+            c = e2m1_code_bits(y, False)
+        else:
+            c = e2m1_code(y, False)
+        codes = pack_nibbles(tl.where(ok, c, 0), BLOCK_P, N)
         s1 = tl.where(bfin, sc, 0x7F).to(tl.uint8)
     else:  # K_MXFP4
         fin = is_finite(S)
         a = tl.where(fin, tl.abs(S), 0.0)
         k = tl.minimum(tl.maximum(exponent_of(block_max(a, BLOCK_P, N, 32)) - 2, -127), 127)
-        y = tl.math.div_rn(S, per_block(pow2(k), BLOCK_P, N, 32))
+        if FAST:
+            y = S * per_block(pow2(-k), BLOCK_P, N, 32)  # exact power of two: = S / 2**k
+        else:
+            y = tl.math.div_rn(S, per_block(pow2(k), BLOCK_P, N, 32))
         bfin = block_max(tl.where(fin, 0, 1), BLOCK_P, N, 32) == 0
         ok = per_block(bfin.to(tl.int32), BLOCK_P, N, 32) != 0
-        codes = pack_nibbles(tl.where(ok, e2m1_code(y, True), 0), BLOCK_P, N)
+        if FAST:
+            c = e2m1_code_bits(y, True)
+        else:
+            c = e2m1_code(y, True)
+        codes = pack_nibbles(tl.where(ok, c, 0), BLOCK_P, N)
         s1 = tl.where(bfin, k + 127, 0xFF).to(tl.uint8)
     return codes, s1, s2
+
+
+@triton.jit
+def encode_tile(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.constexpr,
+                N: tl.constexpr):
+    """Encode a float32 tile into ``(codes, s1, s2)`` of format ``FMT`` (see
+    :func:`encode_tile_with`)."""
+    return encode_tile_with(S, FMT, index, key, amax_mat, BLOCK_P, N, False)
+
 
 
 @triton.jit

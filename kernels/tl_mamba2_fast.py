@@ -10,8 +10,6 @@
   block's partial sum is scaled once.  The values are those of
   ``tl_formats.decode_tile`` followed by a row sum; only the order of the fp32
   operations differs.
-* :func:`sr_round_fast`: ``tl_formats.sr_round`` with the division by the power
-  of two ``ulp`` done as an exact multiplication (same bits).
 * :func:`e2m1_code_fast` / :func:`nvfp4_encode_fast`: the nvfp4 encoder of
   ``tl_formats.encode_tile`` (same bits) with E2M1 rounding by one magic-number add
   (``(a + C) - C`` with ``C`` the power of two whose ulp is the E2M1 ulp of ``a``)
@@ -39,17 +37,15 @@ from .tl_formats import (
     K_NVFP4,
     bf16_bits_to_f32,
     bf16_rne_bits,
-    copysign,
     e4m3_code,
     e8m0_value,
     element_index,
     encode_tile,
-    exponent_of,
     fp16_bits_to_f32,
     fp16_rne_bits,
-    pow2,
     sr_bits,
     sr_key,
+    sr_round_fast,
     store_codes,
 )
 
@@ -96,19 +92,6 @@ def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.cons
             scale = e8m0_value(s1.to(tl.int32))
         y = tl.sum(part * scale, axis=1) * TWO63
     return y
-
-
-@triton.jit
-def sr_round_fast(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
-    """``tl_formats.sr_round`` (same bits): ``|x| / ulp`` as ``|x| * 2**(m - e)``, exact."""
-    a = tl.abs(x)
-    e = tl.minimum(tl.maximum(exponent_of(a), EMIN), 127 + MBITS)
-    v = a * pow2(MBITS - e)
-    lo = tl.floor(v)
-    u = (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
-    q = (lo + tl.where(u < v - lo, 1.0, 0.0)) * pow2(e - MBITS)
-    q = copysign(tl.minimum(q, MAXV), x)
-    return tl.where(a < float("inf"), q, x)
 
 
 @triton.jit
