@@ -573,13 +573,22 @@ def store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step
     """Encode float32 tile ``S`` (masked rows zero) and store it; returns the
     float32 values the stored bits decode to (for a read that follows in registers).
     ``amax_mat`` is the matrix amax for nvfp4 (see :func:`encode_tile`)."""
+    return store_state_with(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
+                            amax_mat, FMT, BLOCK_P, N, False)
+
+
+@triton.jit
+def store_state_with(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
+                     amax_mat, FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+                     FAST: tl.constexpr):
+    """:func:`store_state` with the encoders of :func:`encode_tile_with` (``FAST``)."""
     if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
         index = element_index(mat, offs_p, P, N)
         key = sr_key(seed, step)
     else:
         index = 0
         key = 0
-    codes, s1, s2 = encode_tile(S, FMT, index, key, amax_mat, BLOCK_P, N)
+    codes, s1, s2 = encode_tile_with(S, FMT, index, key, amax_mat, BLOCK_P, N, FAST)
     store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
                 FMT, BLOCK_P, N)
     return tl.where(mask_p[:, None], decode_tile(codes, s1, s2, FMT, BLOCK_P, N), 0.0)

@@ -47,12 +47,14 @@ def hard_values(gen: torch.Generator) -> torch.Tensor:
     return x
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_encode_decode_bit_exact(fmt: str) -> None:
+def test_encode_decode_bit_exact(fmt: str, fast: bool) -> None:
+    """Both encoder sets (tl_formats.encode_tile_with FAST 0 / 1) write formats/' bits."""
     gen = torch.Generator().manual_seed(1)
     x = hard_values(gen).to(DEVICE)
     for seed, step in ((0, 0), (123, 7)):
-        ours = codec.encode(x, fmt, seed=seed, step=step)
+        ours = codec.encode(x, fmt, seed=seed, step=step, fast=fast)
         ref = StateStore.encode(x, fmt, seed=seed, step=step)
         assert_same_bits(ours, ref)
         torch.testing.assert_close(codec.decode(ours), ref.decode(), rtol=0, atol=0,
