@@ -88,49 +88,6 @@ def store_state(
     return ckpt, formats.get(design.read_format).quantize(S, seed=seed + 1, step=step)
 
 
-class TorchDesignRunner:
-    """Runs one design over a batch in torch emulation (fp32 arithmetic).
-
-    ``step(inp, t)`` returns ``(y, fresh_state)`` where ``fresh_state`` is the fp32
-    state computed at a flush step and ``None`` on output steps.
-    """
-
-    def __init__(
-        self,
-        design: Design,
-        kind: LayerKind,
-        params,
-        batch: int,
-        device: torch.device,
-        ring_dtype: torch.dtype,
-        seed: int = 0,
-        state0: torch.Tensor | None = None,
-    ):
-        self.design, self.kind, self.params, self.seed = design, kind, params, seed
-        self.ckpt_format = formats.get(design.checkpoint_format)
-        self.read_format = formats.get(design.read_format)
-        S0 = state0 if state0 is not None else torch.zeros(kind.state_shape(batch), device=device)
-        self._store(S0.to(torch.float32), t=-1)
-        self.ring = kind.new_ring(batch, design.window, ring_dtype, device)
-
-    def _store(self, S: torch.Tensor, t: int) -> None:
-        """Round a fresh fp32 state into the checkpoint (and read copy)."""
-        self.ckpt, self.read = store_state(self.design, S, self.seed, t)
-
-    def step(
-        self, inp, t: int, raw: dict[str, torch.Tensor] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Advance one decode step. ``inp`` is the kind's prepared inputs (fp32, ring
-        quantities already rounded to the ring dtype); ``raw`` the trace's step dict
-        (unused here; kernel backends that recompute gates take it)."""
-        if self.ring.count + 1 < self.design.window:
-            return self.kind.replay(self.read, self.ring, inp, self.params), None
-        S_new = self.kind.flush(self.ckpt, self.ring, inp, self.params)
-        self.ring.reset()
-        self._store(S_new, t)
-        return self.kind.read_output(S_new, inp, self.params), S_new
-
-
 def _repeat_batch(inp, copies: int):
     """The kind's step inputs with the batch axis repeated ``copies`` times."""
     if copies == 1:
@@ -172,17 +129,15 @@ class TorchDesignGroup:
         self.batch, self.window = batch, windows.pop()
         shape = kind.state_shape(batch)
         S0 = state0 if state0 is not None else torch.zeros(shape, device=device)
-        copies = len(self.designs) * batch
-        self.ckpt = torch.empty((copies, *shape[1:]), dtype=torch.float32, device=device)
-        self.read = torch.empty_like(self.ckpt)
         self._store_all(S0.to(torch.float32).expand(len(self.designs), *shape), t=-1)
-        self.ring = kind.new_ring(copies, self.window, ring_dtype, device)
+        self.ring = kind.new_ring(len(self.designs) * batch, self.window, ring_dtype, device)
 
     def _store_all(self, S: torch.Tensor, t: int) -> None:
-        """Round each design's fresh state (designs, batch, ...) into its slices."""
-        for g, design in enumerate(self.designs):
-            rows = slice(g * self.batch, (g + 1) * self.batch)
-            self.ckpt[rows], self.read[rows] = store_state(design, S[g], self.seed, t)
+        """Round each design's fresh state (designs, batch, ...) into new stored copies
+        (never into the tensors ``ckpt`` / ``read`` held before: callers may share them)."""
+        ckpt, read = zip(*(store_state(d, S[g], self.seed, t) for g, d in enumerate(self.designs)),
+                         strict=True)
+        self.ckpt, self.read = torch.cat(ckpt), torch.cat(read)
 
     def step(
         self, inp, t: int, raw: dict[str, torch.Tensor] | None = None
@@ -199,3 +154,36 @@ class TorchDesignGroup:
         self._store_all(S_new, t)
         y = self.kind.read_output(S_new.flatten(0, 1), inp, self.params)
         return y.view(n, self.batch, *y.shape[1:]), S_new
+
+
+class TorchDesignRunner(TorchDesignGroup):
+    """Runs one design over a batch in torch emulation (fp32 arithmetic): a group of
+    one design.
+
+    ``step(inp, t)`` returns ``(y, fresh_state)`` where ``fresh_state`` is the fp32
+    state computed at a flush step and ``None`` on output steps.  ``ckpt`` and
+    ``read`` are the stored copies decoded to fp32, ``ring`` the ring.
+    """
+
+    def __init__(
+        self,
+        design: Design,
+        kind: LayerKind,
+        params,
+        batch: int,
+        device: torch.device,
+        ring_dtype: torch.dtype,
+        seed: int = 0,
+        state0: torch.Tensor | None = None,
+    ):
+        super().__init__([design], kind, params, batch, device, ring_dtype, seed, state0)
+        self.design = design
+
+    def step(
+        self, inp, t: int, raw: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Advance one decode step. ``inp`` is the kind's prepared inputs (fp32, ring
+        quantities already rounded to the ring dtype); ``raw`` the trace's step dict
+        (unused here; kernel backends that recompute gates take it)."""
+        y, S_new = super().step(inp, t, raw)
+        return y[0], None if S_new is None else S_new[0]
