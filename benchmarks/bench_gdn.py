@@ -29,28 +29,32 @@ import time
 # 2-stage pipeline, tf32x2 products), a prep launch (one program per sequence and
 # k-head: ring products, coefficients) and an output launch of small tiles
 # (out_block_v rows, out_num_warps) that reads only its rows of the copy and of the
-# ring's d; register caps give 3 (flush) programs per SM without spilling.  Verify:
-# "staged" (a prep launch for the drafts' products, then one read of each tile).
+# ring's d; register caps give 3 (flush) programs per SM without spilling; split designs
+# encode by integer rounding, an nvfp4 flush's second pass reads an fp32 scratch.
+# Verify: "staged-dot" (a prep launch for the drafts' products, then one read of each
+# tile, all drafts' reductions as one tensor-core product).  These equal the library's
+# defaults (kernels.gdn_decode.replay_defaults).
 SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "fused", "block_v": 16, "num_warps": 4},
-         "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 4},
+         "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 4,
+                            "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "fused", "block_v": 128, "num_warps": 4,
-                                "flush_chunk": 32},
+                                "flush_chunk": 16, "fast_encode": True},
          "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2, "verify_stages": 1,
                        "verify_launch": "single"}}
 _FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,
           "maxnreg": 168, "flush_ctas_per_sm": 3}
-_OLD = {"launch": "split", **_FLUSH, "out_maxnreg": 128}  # the v2 output launch
 _ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "staged", **_FLUSH, "maxnreg": 128, "flush_ctas_per_sm": 4,
                          "out_block_v": 16, "out_num_warps": 1, **_ONE},
          "split-fp32-fp8": {"launch": "staged", **_FLUSH, "out_block_v": 16,
-                            "out_num_warps": 1, **_ONE},
+                            "out_num_warps": 1, **_ONE, "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
-                                "out_num_warps": 2, **_ONE},
-         "verify-T4": {"verify_block_v": 32, "verify_num_warps": 2, "verify_stages": 2,
-                       "verify_maxnreg": 0, "verify_launch": "staged"}}
+                                "out_num_warps": 2, **_ONE, "flush_pass": "scratch",
+                                "fast_encode": True},
+         "verify-T4": {"verify_block_v": 16, "verify_num_warps": 1, "verify_stages": 2,
+                       "verify_maxnreg": 0, "verify_launch": "staged-dot"}}
 # keys of the output launch and of the flush launch: the sweep picks each group from
 # the candidate with the fastest output step / flush (all candidates but the v2
 # reference share the staged launch, so the flush kernels are the same)
@@ -66,64 +70,42 @@ _OUT_ALTS = {"replay-fp32": [{"out_num_warps": 1}, {"out_block_v": 32, "out_num_
                                 {"out_block_v": 64, "out_num_warps": 4}],
              "split-fp16sr-nvfp4": [{"out_block_v": 16, "out_num_warps": 1},
                                     {"out_num_warps": 4}, {"out_block_v": 64, "out_num_warps": 4}]}
-_FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_chunk": 32, "num_warps": 8}, {"flush_licm": True},
+_FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": True},
                {"maxnreg": 128, "flush_ctas_per_sm": 4}]
-# v4 flush candidates (opt-in, not yet timed): one program per unit (the grid covers
-# every (row, head); rows that do not flush return after two loads, a cost the output
-# steps carry), integer-rounded encoders, and for nvfp4 the second pass from an fp32
-# scratch instead of a second fold.  Offline sm_90 counts (benchmarks/sass_count_gdn.py,
-# qwen3.5-4b): fp8 flush 2998 -> 2741 SASS, 168 -> 136 registers (units+fast); nvfp4
-# 5442 SASS / 140 B spilled -> 3589 / none, 129 registers (units+scratch+fast).
+# flush alternatives of the split designs (measured on the H200, qwen3.5-4b, batch 256:
+# one program per unit ("units") flushes faster -- nvfp4 1242 against 1486 us -- but its
+# launch costs every output step ~14 us when nothing flushes; the register cap of 128
+# was only timed with it)
 _UNITS = {"flush_grid": "units"}
-_FLUSH_V4 = [_UNITS, {"fast_encode": True}, {**_UNITS, "fast_encode": True},
-             {**_UNITS, "fast_encode": True, "maxnreg": 128}]  # 128: no spill offline
-_FLUSH_V4_NVFP4 = [{"flush_pass": "scratch"}, {"flush_pass": "scratch", "fast_encode": True},
-                   {**_UNITS, "flush_pass": "scratch", "fast_encode": True},
-                   {**_UNITS, "flush_pass": "scratch", "fast_encode": True, "maxnreg": 128},
-                   {**_UNITS, "flush_pass": "scratch", "fast_encode": True, "num_warps": 8,
-                    "flush_chunk": 32}]
-# alternatives tried at (first model, batch 256, first window); the v2 launch
-# (``_OLD``) is timed as a reference.  Tile counts per program assume 2 v-heads per
-# k-head (qwen3.5).
+_FLUSH_SPLIT = [{"maxnreg": 128}, {"maxnreg": 128, "flush_ctas_per_sm": 4},
+                {**_UNITS, "maxnreg": 128}, {"fast_encode": False}]
+# alternatives tried at (first model, batch 256, first window).  Tile counts per program
+# assume 2 v-heads per k-head (qwen3.5).
 SWEEP = {
-    "replay-fp32": [{**_OLD, "out_block_v": 32, "out_num_warps": 4, "out_tiles_per_program": 8,
-                     "out_stages": 3}] + _OUT_ALTS["replay-fp32"] + _FLUSH_ALTS
-    + [_UNITS],
-    "split-fp32-fp8": [{**_OLD, "out_block_v": 64, "out_num_warps": 4,
-                        "out_tiles_per_program": 4, "out_stages": 3}]
-    + _OUT_ALTS["split-fp32-fp8"] + [{"eager": True}] + _FLUSH_ALTS[:3] + _FLUSH_V4,
-    "split-fp16sr-nvfp4": [{**_OLD, "out_block_v": 64, "out_num_warps": 4,
-                            "out_tiles_per_program": 4, "out_stages": 4}]
-    + _OUT_ALTS["split-fp16sr-nvfp4"] + [{"flush_licm": True},
-                                         {"maxnreg": 0, "flush_ctas_per_sm": 2}]
-    + _FLUSH_V4 + _FLUSH_V4_NVFP4,
-    "verify-T4": [{"verify_launch": "single"}, {"verify_block_v": 128, "verify_num_warps": 8},
-                  {"verify_num_warps": 8}, {"verify_maxnreg": 0},
-                  {"verify_block_v": 32, "verify_num_warps": 2, "verify_maxnreg": 0}]
-    # v4: the output launch as tensor-core products (offline sm_90, qwen3.5-4b: 3982 ->
-    # 1261 SASS instructions, 168 -> 124 registers at 32 rows / 2 warps)
-    + [{"verify_launch": "staged-dot", **o} for o in (
-        {}, {"verify_block_v": 16, "verify_num_warps": 1},
-        {"verify_block_v": 64, "verify_num_warps": 4},
-        {"verify_block_v": 128, "verify_num_warps": 8},
-        {"verify_block_v": 64, "verify_num_warps": 2})],
+    "replay-fp32": _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS],
+    "split-fp32-fp8": _OUT_ALTS["split-fp32-fp8"][:2] + _FLUSH_ALTS[:2] + _FLUSH_SPLIT,
+    "split-fp16sr-nvfp4": _OUT_ALTS["split-fp16sr-nvfp4"][:2]
+    + [{"flush_licm": True}, {"flush_pass": "recompute"}] + _FLUSH_SPLIT,
+    # staged-dot: all drafts' reductions of a state tile as one tensor-core product
+    # (593 -> 328 us against "staged" in the first timed sweep)
+    "verify-T4": [{"verify_launch": "staged", "verify_block_v": 32, "verify_num_warps": 2},
+                  {"verify_block_v": 32, "verify_num_warps": 2},
+                  {"verify_stages": 1}, {"verify_block_v": 16, "verify_num_warps": 2},
+                  {"verify_block_v": 64, "verify_num_warps": 2}],
 }
 
-# batch-1 alternatives (the fused launch; picked whole, by window mean): the integer-
-# rounded encoders in the programs' own flushes (offline sm_90: fp8 3565 -> 3484 SASS,
-# nvfp4 7708 -> 7093, its second flush pass 2947 -> 2334 per chunk)
-SWEEP_SMALL = {"split-fp32-fp8": [{"fast_encode": True}],
-               "split-fp16sr-nvfp4": [{"fast_encode": True},
-                                      {"fast_encode": True, "flush_chunk": 16}]}
+# batch-1 alternatives (the fused launch; picked whole, by window mean)
+SWEEP_SMALL = {"replay-fp32": [{"num_warps": 2}, {"num_warps": 8}, {"block_v": 32},
+                               {"eager": False}],
+               "split-fp16sr-nvfp4": [{"fast_encode": False}],
+               "verify-T4": [{"verify_launch": "staged-dot", "verify_num_warps": 1,
+                              "verify_stages": 2},
+                             {"verify_launch": "staged", "verify_stages": 2},
+                             {"verify_num_warps": 4}]}
 
 
 # per-launch diagnosis (``--phase diag``): (variant, batch, overrides of LARGE / SMALL)
-DIAG = [("split-fp32-fp8", 256, {}), ("split-fp16sr-nvfp4", 256, {}),
-        ("split-fp32-fp8", 256, {"eager": True}),
-        ("split-fp32-fp8", 256, {"flush_grid": "units", "fast_encode": True}),
-        ("split-fp16sr-nvfp4", 256, {"flush_grid": "units", "flush_pass": "scratch",
-                                     "fast_encode": True})] + [
-    (v, 1, o) for v in ("replay-fp32", "split-fp32-fp8") for o in ({}, {"num_warps": 2})]
+DIAG = [("split-fp32-fp8", 256, {}), ("split-fp16sr-nvfp4", 256, {}), ("replay-fp32", 1, {})]
 
 
 def diag_jobs(model: str, window: int) -> list[tuple]:

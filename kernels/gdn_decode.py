@@ -1187,10 +1187,14 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     (one program per sequence and k-head) and an output launch of small tiles
     (16-64 rows, 1-2 warps: many resident programs, each waiting only for the slot
     index and the ring position before all its loads); verify also staged (32-row
-    tiles, 2 warps).  Picked from sweeps on an H200 (qwen3.5-4b, batch 256, L = 16); the
-    staged prep launch uses plain (masked) ring loads, measured faster there than eager
-    ones (14.8 vs 16.3 us).  Opt-in flush variants (not yet measured on a GPU):
-    ``flush_grid="units"``, ``flush_pass="scratch"``, ``fast_encode=True``."""
+    tiles, 2 warps); verify "staged-dot" (16-row tiles, 1 warp: every draft's
+    reductions of a tile as one tensor-core product); integer-rounding encoders in the
+    flushes; an nvfp4 flush keeps its first pass's fp32 rows in a per-program scratch
+    instead of folding twice.  Picked from sweeps on an H200 (qwen3.5-4b, batch 256,
+    L = 16: verify 593 -> 328 us, nvfp4 split 225 -> 174 us per step, fp8 split
+    171 -> 170); the staged prep launch uses plain (masked) ring loads (14.8 vs
+    16.3 us eager).  ``flush_grid="units"`` stays opt-in: its flushes are faster, but
+    its launch costs every output step ~14 us more when nothing flushes."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1201,16 +1205,16 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
                     verify_stages=1, eager=True, prep_num_warps=2,
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
-                    flush_pass="recompute", fast_encode=False)
+                    flush_pass="recompute", fast_encode=True)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
     fp32 = (read or checkpoint) == "fp32"
     return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128 if fp32 else 168,
                 tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=0,
                 verify_maxnreg=0, flush_ctas_per_sm=4 if fp32 else 3,
                 out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
-                out_stages=1, verify_block_v=min(V, 32), verify_num_warps=2, verify_stages=2,
-                eager=False, prep_num_warps=2, verify_launch="staged", flush_licm=False,
-                flush_grid="persistent", flush_pass="recompute", fast_encode=False)
+                out_stages=1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
+                eager=False, prep_num_warps=2, verify_launch="staged-dot", flush_licm=False,
+                flush_grid="persistent", flush_pass="scratch", fast_encode=True)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1318,12 +1322,13 @@ class GDNReplayCache:
     * ``flush_grid``: ``"persistent"`` (default) or ``"units"`` (the split/staged flush
       launch as one program per (row, head, block_v rows) unit; programs of rows that
       do not flush return after two scalar loads).
-    * ``flush_pass``: ``"recompute"`` (default: a chunked nvfp4 flush folds every
-      chunk twice, once for the matrix amax) or ``"scratch"`` (the first pass keeps
-      the fp32 rows in a global scratch, the second only encodes them).
-    * ``fast_encode``: the flush's encoders by integer rounding
-      (:func:`gdn_extra.encode_tile_fast`; the same bits), in the flush launch and in
-      the fused launch's own flushes.
+    * ``flush_pass``: ``"recompute"`` (a chunked nvfp4 flush folds every chunk twice,
+      once for the matrix amax; the fused launch's default) or ``"scratch"`` (the
+      first pass keeps the fp32 rows in a global scratch, the second only encodes them;
+      the staged launch's default).
+    * ``fast_encode``: the flush's encoders by integer rounding (default; the same
+      bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
+      the flush launch and in the fused launch's own flushes.
     * ``maxnreg`` (fused or flush launch), ``out_maxnreg``, ``verify_maxnreg``: register
       caps per thread (0: none, the compiler's choice; None: the default).
 

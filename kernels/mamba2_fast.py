@@ -22,7 +22,7 @@ step's output, the checkpoint, the read copy (and the fp32 state when kept).  nv
 needs the whole matrix's amax: its units are whole heads folded twice (amax pass,
 then the encode pass from L2-hot data; an nvfp4 checkpoint is decoded with the
 matrix scale read before its first chunk is rewritten).  ``FAST_ENC``
-(``SplitConfig.flush_encoder="fast"``) encodes nvfp4 with
+(``SplitConfig.flush_encoder="fast"``, the default) encodes nvfp4 with
 ``tl_mamba2_fast.nvfp4_encode_fast`` (same bits, fewer instructions) and, when a
 chunk holds the whole head (``flush_rows >= headdim``), folds it once.
 

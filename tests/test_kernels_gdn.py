@@ -262,7 +262,7 @@ CONFIGS = [
     (shared("fp32", 16), dict(block_v=32, flush_chunk=16, dot_precision="ieee",
                               tiles_per_program=2, stages=2, flush_stages=2)),
     # 17 entries (a 32-entry system); nvfp4 copy: two passes over two chunks (amax first)
-    (split("fp16-sr", "nvfp4", 17), dict(flush_chunk=16, flush_stages=2)),
+    (split("fp16-sr", "nvfp4", 17), dict(flush_chunk=16, flush_stages=2, fast_encode=False)),
     # an nvfp4 checkpoint folded in two chunks: the second decodes with the old matrix
     # scale although the first has already written the new one
     (shared("nvfp4", 3), dict(flush_chunk=16, flush_stages=2)),
@@ -276,8 +276,12 @@ CONFIGS = [
                                         out_tiles_per_program=2, out_stages=2)),
     # staged, the production window, masked (not eager) ring loads in the prep launch
     (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=32, eager=False)),
-    # staged with an nvfp4 read copy (whole-matrix flush units)
+    # staged with an nvfp4 read copy (whole-matrix flush units; its defaults: the
+    # integer-rounding encoders, the second nvfp4 pass from the fp32 scratch) ...
     (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=16)),
+    # ... and the reference encoders of tl_formats with the nvfp4 chunks folded twice
+    (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=16, flush_chunk=16,
+                                        flush_pass="recompute", fast_encode=False)),
     # opt-in flush variants: the nvfp4 second pass from the fp32 scratch (persistent
     # launch, two 16-row chunks) with the integer-rounded encoders ...
     (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=16, flush_chunk=16,
