@@ -268,17 +268,22 @@ def variants(model: str) -> list[tuple[str, str, list]]:
             out.append((f"split-{d} flush {enc}", "flush", calls[:1]))
             if enc == "ref":
                 out.append((f"split-{d} output", "output", calls[1:]))
-    import inspect
-
-    from precisionlab.kernels.mamba2_spec import mamba2_verify
-
-    launches = ["single"]
-    if "verify_launch" in inspect.signature(mamba2_verify).parameters:
-        launches.append("staged")
-    for launch in launches:
-        calls = verify_calls(model, "fp32", None, launch)
-        out.append((f"verify-T4 fp32 {launch}", "verify", calls))
+    out.append(("verify-T4 fp32 single", "verify", verify_calls(model, "fp32", None, "single")))
+    reads = {"fp32": ("fp32", None), "fp8": ("fp32", "fp8-e4m3"), "nvfp4": ("fp16-sr", "nvfp4")}
+    prep = True
+    for d, (ck, rd) in reads.items():
+        for launch in ("staged", "staged-dot"):
+            for bp, nw in VERIFY_CFGS if d == "fp32" else VERIFY_CFGS[:1]:
+                calls = verify_calls(model, ck, rd, launch, block_p=bp, num_warps=nw)
+                out.append((f"verify-T4 {d} {launch} {bp}x{nw}", "verify",
+                            calls if prep else calls[1:]))  # the prep launch once
+                prep = False
     return out
+
+
+VERIFY_CFGS = ((32, 1), (16, 1), (32, 2), (64, 4))
+"""(block_p, num_warps) of the staged verify's output launch: every one for an fp32
+copy, the first for the lossy read copies."""
 
 
 def main(argv=None) -> int:

@@ -53,9 +53,10 @@ def mamba2_verify(
     ``x, z``: (batch, T, heads, P); ``dt``: (batch, T, heads); ``B, C``:
     (batch, T, groups, N).  Returns (batch, T, heads, P) float32.  ``T`` must not
     exceed the window.  ``verify_launch``: "single" (one launch of
-    ``mamba2_kernel``, as measured) or "staged" (opt-in, ``mamba2_verify``: a prep
+    ``mamba2_kernel``, as measured), "staged" (opt-in, ``mamba2_verify``: a prep
     launch for the drafts' coefficients and any flush, then an output launch that
-    reads each state tile once for all drafts).
+    reads each state tile once for all drafts) or "staged-dot" (opt-in: "staged" with
+    the output launch's per-draft reductions as tensor-core products).
     """
     T = x.shape[1]
     if not cache.speculative:
@@ -65,15 +66,17 @@ def mamba2_verify(
     idx = state_indices if state_indices is not None else slot_indices(x.shape[0], x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    if verify_launch == "staged":
+    if verify_launch in ("staged", "staged-dot"):
         launch_staged_verify(cache, x, dt, B, C, params, z=z, out=out, state_indices=idx,
-                             dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps)
+                             dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps,
+                             dot=verify_launch == "staged-dot")
     elif verify_launch == "single":
         launch_replay(MODE_VERIFY, cache, x, dt, B, C, params, z=z, out=out,
                       state_indices=idx, T=T, dt_softplus=dt_softplus, block_p=block_p or 16,
                       num_warps=num_warps)
     else:
-        raise ValueError(f"verify_launch must be 'single' or 'staged', got {verify_launch!r}")
+        raise ValueError("verify_launch must be 'single', 'staged' or 'staged-dot', got "
+                         f"{verify_launch!r}")
     return out
 
 

@@ -1,6 +1,6 @@
 """Staged speculative verify for Mamba-2 (opt-in: ``mamba2_verify(...,
-verify_launch="staged")``): a prep launch, then an output launch that reads each
-state tile once for all ``T`` drafts.
+verify_launch="staged" | "staged-dot")``): a prep launch, then an output launch that
+reads each state tile once for all ``T`` drafts.
 
 Torch reference: ``precisionlab.speculative.SpeculativeDecoder.verify`` (as the
 single-launch verify of ``mamba2_kernel``; same semantics, see ``mamba2_spec``).
@@ -20,6 +20,13 @@ single-launch verify of ``mamba2_kernel``; same semantics, see ``mamba2_spec``).
   ``e^Lambda_k (S C_k) + sum_i W[k, i] x_i + D x_k`` (gated) with the ring's
   committed x rows and the drafts' x rows loaded once per tile; the drafts' x
   rows are appended to the ring.
+* **Output launch as matrix products** (:func:`m2_verify_out_mm_kernel`,
+  ``verify_launch="staged-dot"``): the same outputs, but all drafts' reductions of a
+  tile come from one tensor-core product ``X @ [C_0 .. C_{T-1}]`` (drafts padded to
+  ``TP >= 16`` columns; ``X`` the tile's decoded values, exact in tf32 for every
+  format but fp32) and the ring's part from one more, ``[x_i] @ W^T`` (ring and
+  draft x rows times the prep coefficients); ~fp32 accuracy by explicit tf32 splits
+  of the operands that are not exact in tf32 (``gdn_extra.dot_fp32``).
 """
 
 from __future__ import annotations
@@ -28,9 +35,18 @@ import torch
 import triton
 import triton.language as tl
 
+from .gdn_extra import dot_fp32, tile_values
 from .mamba2_kernel import _fold_chunk, _head_consts
-from .tl_common import decay_weights, dt_of, gate, ring_load, ring_round, ring_store
-from .tl_formats import K_NVFP4, load_codes, matrix_amax, store_state, tile_offsets
+from .tl_common import (
+    K_RING_FP32,
+    decay_weights,
+    dt_of,
+    gate,
+    ring_load,
+    ring_round,
+    ring_store,
+)
+from .tl_formats import K_FP32, K_NVFP4, load_codes, matrix_amax, store_state, tile_offsets
 from .tl_mamba2_fast import TWO63, row_dot
 
 
@@ -198,6 +214,86 @@ def m2_verify_out_kernel(
                    RING)
 
 
+@triton.jit
+def m2_verify_out_mm_kernel(
+    rd_c, rd_s1, rd_s2, ring_x, state_idx, pos, coef, eLs,
+    x_ptr, C_ptr, z_ptr, out_ptr, D_ptr,
+    s_xb, s_xt, s_Cb, s_Ct, s_zb, s_zt, s_ob, s_ot,
+    H, G, P, L, LR,
+    N: tl.constexpr, BLOCK_P: tl.constexpr, NPB: tl.constexpr, RB: tl.constexpr,
+    T: tl.constexpr, TB: tl.constexpr, TP: tl.constexpr, RD_FMT: tl.constexpr,
+    RING: tl.constexpr, C_EXACT: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+    NS: tl.constexpr = 2,
+):
+    """:func:`m2_verify_out_kernel` with every draft's reductions of a tile as two
+    tensor-core products: ``Y = e^Lambda * rs * (X @ C^T) + Ex @ W^T`` (``(BLOCK_P, TP)``,
+    column k = draft k).  ``C_EXACT``: C is bf16/fp16 (exact in tf32, not split); the
+    tile's values are split only for an fp32 copy, the ring rows only for an fp32 ring."""
+    h = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_idx + b)
+    out_b = out_ptr + b * s_ob + h * P
+    offs_t = tl.arange(0, TP)
+    mt = offs_t < T
+    tt = tl.where(mt, offs_t, 0)
+    if slot < 0:
+        for q in tl.static_range(NPB):
+            rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
+            tl.store(out_b + tt[None, :] * s_ot + rows[:, None],
+                     tl.zeros((BLOCK_P, TP), dtype=tl.float32),
+                     mask=(rows < P)[:, None] & mt[None, :])
+        return
+    pv = tl.load(pos + b)
+    c0 = pv & 0xFFFF
+    half = pv >> 16
+    g = h // (H // G)
+    offs_r = tl.arange(0, RB)
+    offs_n = tl.arange(0, N)
+    HP = H * P
+    mat = slot.to(tl.int64) * H + h
+    win = slot.to(tl.int64) * LR + half * L
+    rx_h = ring_x + win * HP + h * P
+    x_h = x_ptr + b * s_xb + h * P
+    z_h = z_ptr + b * s_zb + h * P
+    D_h = 0.0
+    if HAS_D:
+        D_h = tl.load(D_ptr + h).to(tl.float32)
+    old = offs_r < c0
+    j = offs_r - c0
+    vd = (j >= 0) & (j < T)
+    jj = tl.where(vd, j, 0)
+    base = (b * H + h) * TB
+    # per head, loaded once: C^T (N, TP), the ring coefficients W^T (RB, TP), the decays
+    Ct = tl.load(C_ptr + b * s_Cb + g * N + tt[None, :] * s_Ct + offs_n[:, None],
+                 mask=mt[None, :], other=0.0).to(tl.float32)
+    Wt = tl.load(coef + (base + tt[None, :]) * RB + offs_r[:, None], mask=mt[None, :],
+                 other=0.0)
+    eL = tl.load(eLs + base + tt, mask=mt, other=0.0)
+    for q in tl.range(0, NPB, num_stages=NS):
+        rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
+        m = rows < P
+        # ring entries (committed x, then the drafts' x) as columns: (BLOCK_P, RB)
+        r_ptrs = rx_h + offs_r[None, :] * HP + rows[:, None]
+        from_ring = ring_load(r_ptrs, m[:, None] & old[None, :], RING)
+        ix = tl.load(x_h + jj[None, :] * s_xt + rows[:, None], mask=m[:, None] & vd[None, :],
+                     other=0.0).to(tl.float32)
+        ix = ring_round(ix, RING)
+        ex = tl.where(old[None, :], from_ring, ix)
+        codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BLOCK_P, N)
+        X, rs = tile_values(codes, s1, s2, RD_FMT, BLOCK_P, N)
+        y = dot_fp32(X, Ct, RD_FMT != K_FP32, C_EXACT) * (rs[:, None] * eL[None, :])
+        y = y + dot_fp32(ex, Wt, RING != K_RING_FP32, False)
+        m2 = m[:, None] & mt[None, :]
+        xk = tl.load(x_h + tt[None, :] * s_xt + rows[:, None], mask=m2, other=0.0).to(tl.float32)
+        zk = 0.0
+        if HAS_Z:
+            zk = tl.load(z_h + tt[None, :] * s_zt + rows[:, None], mask=m2,
+                         other=0.0).to(tl.float32)
+        tl.store(out_b + tt[None, :] * s_ot + rows[:, None], gate(y, xk, zk, D_h, HAS_Z),
+                 mask=m2)
+        ring_store(r_ptrs, ix, m[:, None] & vd[None, :], RING)
+
+
 _SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -212,10 +308,11 @@ def _scratch(batch: int, H: int, TB: int, RB: int, device) -> tuple[torch.Tensor
 
 def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, dt_softplus,
                          block_p: int | None = None, num_warps: int | None = None,
-                         prep_warps: int = 4) -> None:
+                         prep_warps: int = 4, dot: bool = False) -> None:
     """Prep launch, then the output launch (inputs token-major ``(batch, T, ...)``).
     ``block_p`` rows per output tile (default 32), ``num_warps`` of the output launch
-    (default 2), ``prep_warps`` of the prep launch."""
+    (default 2), ``prep_warps`` of the prep launch; ``dot``: the output launch as
+    tensor-core products (:func:`m2_verify_out_mm_kernel`)."""
     from .codec import as_int32
     from .mamba2_step import _RING_IDS, FLUSH_ROWS, _check_inputs
     from .tl_common import RING_FP32
@@ -256,13 +353,17 @@ def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, d
     )
     bp = max(16, min(block_p or 32, triton.next_power_of_2(P)))
     zz = z if z is not None else x
-    m2_verify_out_kernel[(H, batch)](
-        *rd.kernel_args(), rx, state_indices, cache.pos, coef, eLs,
-        x, C, zz, out, params.D if params.D is not None else params.A,
-        x.stride(0), x.stride(1), C.stride(0), C.stride(1),
-        zz.stride(0) if z is not None else 0, zz.stride(1) if z is not None else 0,
-        out.stride(0), out.stride(1), H, G, P, L, LR,
-        N=N, BLOCK_P=bp, NPB=triton.cdiv(P, bp), RB=RB, T=T, TB=TB, RD_FMT=rd.fmt_id,
-        RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
-        num_warps=num_warps or 2,
-    )
+    args = (*rd.kernel_args(), rx, state_indices, cache.pos, coef, eLs,
+            x, C, zz, out, params.D if params.D is not None else params.A,
+            x.stride(0), x.stride(1), C.stride(0), C.stride(1),
+            zz.stride(0) if z is not None else 0, zz.stride(1) if z is not None else 0,
+            out.stride(0), out.stride(1), H, G, P, L, LR)
+    kw = dict(N=N, BLOCK_P=bp, NPB=triton.cdiv(P, bp), RB=RB, T=T, TB=TB, RD_FMT=rd.fmt_id,
+              RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
+              num_warps=num_warps or 2)
+    if dot:
+        m2_verify_out_mm_kernel[(H, batch)](
+            *args, TP=max(16, triton.next_power_of_2(T)),
+            C_EXACT=C.dtype in (torch.bfloat16, torch.float16), **kw)
+    else:
+        m2_verify_out_kernel[(H, batch)](*args, **kw)

@@ -71,15 +71,17 @@ CANDIDATES: dict[str, list] = {
         {**_H1, "heads_per_program": 2, "stages": 1, **_NF},
         {**_H1, "heads_per_program": 4, "stages": 1, **_NF},
     ],
-    # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile
+    # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
+    # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products
     "verify-T4": [(16, 4), (32, 4), (32, 2, "staged"), (32, 4, "staged"), (16, 1, "staged"),
-                  (32, 1, "staged")],
+                  (32, 1, "staged"), (16, 1, "staged-dot"), (32, 1, "staged-dot"),
+                  (32, 2, "staged-dot"), (64, 4, "staged-dot")],
 }
 # (block_p, num_warps[, verify_launch]) tuned again at the smallest batch below 16, where
 # each step is one short launch and latency, not bandwidth, decides
 SMALL_CANDIDATES: dict[str, list[tuple]] = {
     "conventional": [(16, 4), (8, 4), (4, 4), (8, 2), (4, 2), (32, 4)],
-    "verify-T4": [(16, 4), (16, 2), (16, 1, "staged"), (32, 1, "staged")],
+    "verify-T4": [(16, 4), (16, 2), (16, 1, "staged"), (32, 1, "staged"), (16, 1, "staged-dot")],
 }
 _F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
@@ -293,7 +295,8 @@ class _Runner:
         self.timer.replays(g, L)  # one untimed window; back at ring position 0
         return self.timer.cycle(g, L, self.rounds)
 
-    def verify(self, prob: _Problem, L: int, T: int, cfg) -> list[float]:
+    def verify(self, prob: _Problem, L: int, T: int, cfg,
+               compile_only: bool = False) -> list[float]:
         from precisionlab.kernels.mamba2_spec import mamba2_commit, mamba2_verify
         from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache
         from precisionlab.timing import capture
@@ -314,6 +317,10 @@ class _Runner:
                           verify_launch=launch)
             mamba2_commit(cache, acc, T)
 
+        if compile_only:  # one call compiles every launch (the flush is a branch)
+            fn()
+            torch.cuda.synchronize()
+            return []
         g = capture(fn)
         for t in (cache.ring_len, cache.steps, cache.tickets):
             t.zero_()
@@ -323,14 +330,14 @@ class _Runner:
 
     def run(self, kernel: str, prob: _Problem, L: int, cfg, ssu,
             compile_only: bool = False) -> list[float]:
-        if compile_only and kernel in ("conventional", "mamba_ssm", "verify-T4"):
+        if compile_only and kernel in ("conventional", "mamba_ssm"):
             return []
         if kernel == "conventional":
             return self.conventional(prob, cfg)
         if kernel == "mamba_ssm":
             return self.peer(prob, ssu)
         if kernel == "verify-T4":
-            return self.verify(prob, L, 4, cfg)
+            return self.verify(prob, L, 4, cfg, compile_only)
         ck, rd = DESIGNS[kernel]
         return self.replay(prob, ck, rd, L, cfg, compile_only)
 
@@ -348,16 +355,20 @@ def warm_mamba2(models: Sequence[str] = MODELS, *, batches: Sequence[int] = (256
                 window: int = 16, kernels: Sequence[str] = KERNELS, shard: int = 0,
                 shards: int = 1, device: str = "cuda", log: Callable[[str], None] = print
                 ) -> int:
-    """Compile (into Triton's on-disk cache) every replay candidate of ``CANDIDATES``
-    at these shapes, taking every ``shards``-th job from ``shard``: run several of
-    these processes side by side, then :func:`bench_mamba2` finds its kernels
-    compiled.  Returns the number of jobs run."""
+    """Compile (into Triton's on-disk cache) every replay and verify candidate of
+    ``CANDIDATES`` (and verify's ``SMALL_CANDIDATES``) at these shapes, taking every
+    ``shards``-th job from ``shard``: run several of these processes side by side,
+    then :func:`bench_mamba2` finds its kernels compiled.  Returns the number of jobs
+    run."""
     runner = _Runner(None, 1, log)
     dev = torch.device(device)
     jobs = []
     for m in models:
         for b in batches:
             for k in kernels:
+                if k == "verify-T4":  # every verify candidate (staged ones: two launches)
+                    cands = CANDIDATES[k] + SMALL_CANDIDATES.get(k, [])
+                    jobs.extend((m, b, k, c) for c in dict.fromkeys(cands))
                 if k not in DESIGNS or k == "verify-T4":
                     continue
                 fl = FLUSH_CANDIDATES.get(k, [{}])

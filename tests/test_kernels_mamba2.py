@@ -328,8 +328,8 @@ def _stack(inps, name):
 
 VERIFY_DESIGNS = [shared("fp32", 5), split("fp32", "fp8-e4m3", 5),
                   split("fp16-sr", "fp8-e4m3", 5), shared("nvfp4", 5)]
-VERIFY_CASES = ([(d, "single") for d in VERIFY_DESIGNS]
-                + [(d, "staged") for d in VERIFY_DESIGNS])
+VERIFY_LAUNCHES = ("single", "staged", "staged-dot")
+VERIFY_CASES = [(d, v) for v in VERIFY_LAUNCHES for d in VERIFY_DESIGNS]
 
 
 @pytest.mark.parametrize("design,verify_launch", VERIFY_CASES,
@@ -361,10 +361,11 @@ def test_verify_commit_matches_torch_speculative(design, verify_launch) -> None:
     assert cache.committed().tolist() == ref.committed.tolist()
 
 
+@pytest.mark.parametrize("staged", VERIFY_LAUNCHES[1:])
 @pytest.mark.parametrize("design", [split("fp16-sr", "nvfp4", 5), shared("nvfp4", 4)],
                          ids=lambda d: d.label)
-def test_staged_verify_equals_single_launch(design) -> None:
-    """Lossy copies (nvfp4 folds included): the staged verify's outputs are within
+def test_staged_verify_equals_single_launch(design, staged) -> None:
+    """Lossy copies (nvfp4 folds included): a staged verify's outputs are within
     1e-5 of the single-launch verify's and both write the same checkpoint / read-copy
     bits (the same fold and encoders, one head per prep program)."""
     batch, T, seed = 3, 3, 2
@@ -385,7 +386,7 @@ def test_staged_verify_equals_single_launch(design) -> None:
         d = inps[it * T:(it + 1) * T]
         ys = [mamba2_verify(c, _stack(d, "x"), _stack(d, "dt"), _stack(d, "B"), _stack(d, "C"),
                             head, z=_stack(d, "z"), verify_launch=v)
-              for c, v in zip(caches, ("single", "staged"), strict=True)]
+              for c, v in zip(caches, ("single", staged), strict=True)]
         assert rel(ys[1], ys[0]) < TOL, f"verify {it}"
         for a, b in zip(caches[0].ckpt.tensors(), caches[1].ckpt.tensors(), strict=True):
             assert torch.equal(bits(a), bits(b))
@@ -396,7 +397,7 @@ def test_staged_verify_equals_single_launch(design) -> None:
             mamba2_commit(c, n, T)
 
 
-@pytest.mark.parametrize("verify_launch", ["single", "staged"])
+@pytest.mark.parametrize("verify_launch", VERIFY_LAUNCHES)
 def test_spec_accepted_outputs_equal_plain_decoding(verify_launch) -> None:
     """Drafts that are the true next tokens: every accepted output equals plain
     replay decoding of the same tokens (fp32 shared design)."""
