@@ -159,9 +159,10 @@ DESIGNS_SPLIT = [
     (shared("nvfp4", 2), torch.float32),
     (shared("bf16-sr", 1), torch.float32),
 ]
-# opt-in flush encoders: "fast" nvfp4 in two passes (16-row chunks of a 24-row head)
-# and in one pass (a 32-row chunk holds the head)
-FAST_ENC = {"split-fastenc": SplitConfig(flush_encoder="fast"),
+# flush encoders: the default "fast" nvfp4 in one pass (a 32-row chunk holds the
+# 24-row head; the split cases above run it in two passes of 16-row chunks) and the
+# reference encoders of tl_formats ("ref")
+FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
             "split-fastenc-1pass": SplitConfig(flush_encoder="fast", flush_rows=32)}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
