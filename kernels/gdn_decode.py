@@ -68,13 +68,11 @@ import triton.language as tl
 
 from .codec import as_int32
 from .gdn_extra import (
-    dot_fp32,
     inv_unit_lower,
     load_tile,
     qk_at,
     store_state_fast,
     tile_dots,
-    tile_values,
 )
 from .state import StateStore
 from .tl_common import (
@@ -89,6 +87,7 @@ from .tl_common import (
     ring_store,
     softplus,
 )
+from .tl_dots import dot_fp32, tile_values
 from .tl_formats import (
     FMT_BF16_SR,
     FMT_FP16_SR,
@@ -287,7 +286,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     them again and writes; with SCRATCH the first pass also writes everything that
     needs no amax and the fp32 rows to ``scr`` (the unit's ``(BVF, K)`` scratch), and
     the second pass only encodes the nvfp4 copies from those rows (the same fp32 values,
-    so the same bits).  FAST: :func:`gdn_extra.encode_tile_fast` encoders."""
+    so the same bits).  FAST: ``tl_formats.encode_tile_with(..., FAST=True)`` encoders."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
@@ -501,7 +500,7 @@ def _replay_kernel(
     the slot index and together with the clock and the state tile, and masked by the
     ring position in registers: no load waits for the clock (small batches, where the
     chain of round trips is the step's time).  FAST: the fused flush's encoders from
-    :func:`gdn_extra.encode_tile_fast` (the same bits)."""
+    ``tl_formats.encode_tile_with(..., FAST=True)`` (the same bits)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV

@@ -12,9 +12,6 @@
 * :func:`inv_unit_lower`: ``(I + N)^-1`` of a strictly lower-triangular ``N`` by
   repeated squaring (``log2`` of its size small matrix products, no sequential
   substitution).
-* :func:`tile_values` / :func:`dot_fp32`: a stored tile as values exact in tf32 (times
-  a per-row scale) and ~fp32-accurate tensor-core products that split only the
-  operands that are not exact in tf32 (the matrix-product verify).
 * :func:`store_state_fast`: ``tl_formats.store_state`` with its integer-rounding
   encoders (``encode_tile_with(..., FAST=True)``; the same bits).
 """
@@ -35,16 +32,14 @@ from .tl_formats import (
     K_MXFP4,
     K_NVFP4,
     bf16_bits_to_f32,
-    e2m1_value,
+    e4m3_value_hw,
     e8m0_value,
     element_index,
     encode_tile_with,
     fp16_bits_to_f32,
-    per_block,
     sr_key,
     store_codes,
     store_state,
-    unpack_nibbles,
 )
 from .tl_formats import e4m3_value as e4m3_value_exact
 
@@ -57,12 +52,6 @@ def qk_at(q_ptr, k_ptr, offs, q_norm, k_norm, K: tl.constexpr, RING: tl.constexp
     q = tl.math.div_rn(tl.load(q_ptr + offs).to(tl.float32), q_norm) * (K**-0.5)
     k = ring_round(tl.math.div_rn(tl.load(k_ptr + offs).to(tl.float32), k_norm), RING)
     return q, k
-
-
-@triton.jit
-def e4m3_value_fast(c):
-    """float32 value of E4M3 codes (uint8 tensor) by the hardware conversion (no NaN codes)."""
-    return c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -139,7 +128,7 @@ def tile_dots(codes, sc, s2v, k, q, K: tl.constexpr, BV: tl.constexpr, FMT: tl.c
         Sk = tl.sum(S * k[None, :], axis=1)
         Sq = tl.sum(S * q[None, :], axis=1)
     elif FMT == K_FP8:
-        S = e4m3_value_fast(codes)
+        S = e4m3_value_hw(codes)
         Sk = sc * tl.sum(S * k[None, :], axis=1)
         Sq = sc * tl.sum(S * q[None, :], axis=1)
     elif FMT == K_NVFP4:
@@ -189,64 +178,3 @@ def store_state_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed,
     else:
         store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step, amax_mat,
                     FMT, BLOCK_P, N)
-
-
-# ------------------------------------------------------- tensor-core row products
-@triton.jit
-def tf32_hi(x):
-    """``x`` truncated to tf32 (10 fraction bits; ``x - tf32_hi(x)`` is exact)."""
-    return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def dot_fp32(a, b, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr):
-    """``a @ b`` (float32) to ~fp32 accuracy on tensor cores: an operand exact in tf32
-    (A_EXACT / B_EXACT) is used as it is, any other is split into its tf32 head and
-    remainder: 1, 2 or 3 tf32 passes."""
-    if A_EXACT and B_EXACT:
-        r = tl.dot(a, b, input_precision="tf32")
-    elif A_EXACT:
-        b_hi = tf32_hi(b)
-        r = tl.dot(a, b - b_hi, input_precision="tf32")
-        r = tl.dot(a, b_hi, acc=r, input_precision="tf32")
-    elif B_EXACT:
-        a_hi = tf32_hi(a)
-        r = tl.dot(a - a_hi, b, input_precision="tf32")
-        r = tl.dot(a_hi, b, acc=r, input_precision="tf32")
-    else:
-        a_hi = tf32_hi(a)
-        b_hi = tf32_hi(b)
-        r = tl.dot(a - a_hi, b_hi, input_precision="tf32")
-        r = tl.dot(a_hi, b - b_hi, acc=r, input_precision="tf32")
-        r = tl.dot(a_hi, b_hi, acc=r, input_precision="tf32")
-    return r
-
-
-@triton.jit
-def tile_values(codes, sc, s2v, FMT: tl.constexpr, BV: tl.constexpr, K: tl.constexpr):
-    """A tile :func:`load_tile` loaded as ``(X, row_scale)`` with ``S = X * row_scale``:
-    fp32 codes as they are (scale 1); 16-bit values; fp8 E4M3 values (the row scale
-    apart); nvfp4 E2M1 values times their E4M3 block scales (the matrix scale apart);
-    mxfp4 E2M1 values times E8M0 block scales.  ``X`` is exact in tf32 for every format
-    but fp32 (at most 11 significant bits)."""
-    if FMT == K_FP32:
-        X = codes
-        rs = tl.full((BV,), 1.0, tl.float32)
-    elif (FMT == K_BF16) or (FMT == K_BF16_SR):
-        X = bf16_bits_to_f32(codes)
-        rs = tl.full((BV,), 1.0, tl.float32)
-    elif (FMT == K_FP16) or (FMT == K_FP16_SR):
-        X = fp16_bits_to_f32(codes)
-        rs = tl.full((BV,), 1.0, tl.float32)
-    elif FMT == K_FP8:
-        X = e4m3_value_fast(codes)
-        rs = sc
-    elif FMT == K_NVFP4:
-        X = e2m1_value(unpack_nibbles(codes, BV, K)) * per_block(
-            e4m3_value_exact(sc.to(tl.int32)), BV, K, 16)
-        rs = tl.full((BV,), 1.0, tl.float32) * s2v
-    else:
-        X = e2m1_value(unpack_nibbles(codes, BV, K)) * per_block(
-            e8m0_value(sc.to(tl.int32)), BV, K, 32)
-        rs = tl.full((BV,), 1.0, tl.float32)
-    return X, rs

@@ -26,7 +26,7 @@ single-launch verify of ``mamba2_kernel``; same semantics, see ``mamba2_spec``).
   ``TP >= 16`` columns; ``X`` the tile's decoded values, exact in tf32 for every
   format but fp32) and the ring's part from one more, ``[x_i] @ W^T`` (ring and
   draft x rows times the prep coefficients); ~fp32 accuracy by explicit tf32 splits
-  of the operands that are not exact in tf32 (``gdn_extra.dot_fp32``).
+  of the operands that are not exact in tf32 (``tl_dots.dot_fp32``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .gdn_extra import dot_fp32, tile_values
 from .mamba2_kernel import _fold_chunk, _head_consts
 from .tl_common import (
     K_RING_FP32,
@@ -46,6 +45,7 @@ from .tl_common import (
     ring_round,
     ring_store,
 )
+from .tl_dots import dot_fp32, tile_values
 from .tl_formats import K_FP32, K_NVFP4, load_codes, matrix_amax, store_state, tile_offsets
 from .tl_mamba2_fast import TWO63, row_dot
 

@@ -268,6 +268,13 @@ def e2m1_value(code):
 
 
 @triton.jit
+def e4m3_value_hw(code):
+    """float32 value of E4M3 codes (uint8) by the hardware fp8 conversion, for codes
+    known to be finite (those the encoders write)."""
+    return code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def e4m3_value_fast(code):
     """float32 value of E4M3 codes (uint8) by the hardware fp8 conversion (exact for
     finite codes, also in the interpreter); 0x7F/0xFF give NaN."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .tl_dots import tf32_hi
 from .tl_formats import (
     K_BF16,
     K_BF16_SR,
@@ -38,6 +39,7 @@ from .tl_formats import (
     bf16_bits_to_f32,
     bf16_rne_bits,
     e4m3_code,
+    e4m3_value_hw,
     e8m0_value,
     element_index,
     encode_tile,
@@ -55,12 +57,6 @@ row sum the other 2**63 (products stay normal for any realistic ``c``)."""
 
 
 @triton.jit
-def e4m3_hw(code):
-    """float32 of E4M3 codes (uint8) by the hardware conversion (NaN for 0x7F/0xFF)."""
-    return code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.constexpr,
             N: tl.constexpr):
     """``(BLOCK_P,)`` row sums ``S c`` of a tile as ``tl_formats.load_codes`` loads it.
@@ -74,7 +70,7 @@ def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.cons
     elif (FMT == K_FP16) or (FMT == K_FP16_SR):
         y = tl.sum(fp16_bits_to_f32(codes) * c[None, :], axis=1)
     elif FMT == K_FP8:
-        y = s1 * tl.sum(e4m3_hw(codes) * c[None, :], axis=1)
+        y = s1 * tl.sum(e4m3_value_hw(codes) * c[None, :], axis=1)
     else:
         if FMT == K_NVFP4:
             BS: tl.constexpr = 16
@@ -87,17 +83,11 @@ def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.cons
         acc = x_lo * c_even[None, :] + x_hi * c_odd[None, :]
         part = tl.sum(tl.reshape(acc, [BLOCK_P, N // BS, BS // 2]), axis=2)
         if FMT == K_NVFP4:
-            scale = e4m3_hw(s1) * s2
+            scale = e4m3_value_hw(s1) * s2
         else:
             scale = e8m0_value(s1.to(tl.int32))
         y = tl.sum(part * scale, axis=1) * TWO63
     return y
-
-
-@triton.jit
-def _tf32_head(a):
-    """``a`` with its low 13 mantissa bits cleared (exact in tf32)."""
-    return (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -108,13 +98,13 @@ def fold_dot(x, w, b, acc, EXACT_B: tl.constexpr):
     twice and both passes must agree): ``x w = a_hi + a_lo`` with ``a_lo = fma(x, w,
     -a_hi)``; ``b`` exact in tf32 (``EXACT_B``: a bf16/fp16 ring) takes two tf32 passes,
     else ``b = b_hi + b_lo`` and three (the tf32x3 scheme)."""
-    a_hi = _tf32_head(x * w[None, :])
+    a_hi = tf32_hi(x * w[None, :])
     a_lo = tl.fma(x, w[None, :], -a_hi)
     if EXACT_B:
         r = tl.dot(a_lo, b, acc=acc, input_precision="tf32")
         r = tl.dot(a_hi, b, acc=r, input_precision="tf32")
     else:
-        b_hi = _tf32_head(b)
+        b_hi = tf32_hi(b)
         b_lo = b - b_hi
         r = tl.dot(a_lo, b_hi, acc=acc, input_precision="tf32")
         r = tl.dot(a_hi, b_lo, acc=r, input_precision="tf32")
@@ -173,7 +163,7 @@ def nvfp4_encode_fast(S, amax_mat, SELF_AMAX: tl.constexpr, BLOCK_P: tl.constexp
     s = tl.where(s == 0, 1.0, s)
     s = tl.where(nonzero, s, 1.0)
     sc = e4m3_code(tl.minimum(tl.maximum(s, 2.0**-9), 448.0), True)
-    den = e4m3_hw(sc.to(tl.uint8)) * s2
+    den = e4m3_value_hw(sc.to(tl.uint8)) * s2
     y = tl.math.div_rn(S3, den[:, :, None])
     ok = tl.where(nonzero, bfin.to(tl.int32), 0) != 0
     c3 = tl.where(ok[:, :, None], e2m1_code_fast(y), 0)

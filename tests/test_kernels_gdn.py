@@ -184,8 +184,9 @@ def _hard_values(fmt: str, mats: int, P: int, N: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt", ["fp8-e4m3", "nvfp4", "mxfp4", "fp16-sr", "bf16-sr"])
 def test_fast_encoders_write_the_same_bits(fmt: str) -> None:
-    """gdn_extra.encode_tile_fast (integer-rounded minifloat codes, SR by a power-of-two
-    product) writes tl_formats' bits, and formats/' bits for finite matrices."""
+    """tl_formats.encode_tile_with(..., FAST=True) (integer-rounded minifloat codes, SR
+    by a power-of-two product) writes tl_formats' bits, and formats/' bits for finite
+    matrices."""
     mats, P, N = 4, 16, 32
     S = _hard_values(fmt, mats, P, N).to(DEV)
     a = empty_store(fmt, (1, mats, P, N), DEV)

@@ -1,0 +1,94 @@
+"""Tensor-core products to ~fp32 accuracy and stored tiles as tf32-exact values,
+shared by the GDN and Mamba-2 kernels.
+
+* :func:`tf32_hi`: the tf32 head of a float32 (the remainder ``x - tf32_hi(x)`` is exact).
+* :func:`dot_fp32`: ``a @ b`` with explicit tf32 splits of only the operands that are
+  not exact in tf32 (1, 2 or 3 passes): the same inputs give the same bits however the
+  compiler contracts.
+* :func:`tile_values`: a stored tile (``tl_formats.load_codes`` / ``gdn_extra.load_tile``
+  layout) as ``(X, row_scale)`` with ``X`` exact in tf32 for every format but fp32 (the
+  verify kernels' matrix products).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tl_formats import (
+    K_BF16,
+    K_BF16_SR,
+    K_FP8,
+    K_FP16,
+    K_FP16_SR,
+    K_FP32,
+    K_NVFP4,
+    bf16_bits_to_f32,
+    e2m1_value,
+    e4m3_value_hw,
+    e8m0_value,
+    fp16_bits_to_f32,
+    per_block,
+    unpack_nibbles,
+)
+from .tl_formats import e4m3_value as e4m3_value_exact
+
+
+@triton.jit
+def tf32_hi(x):
+    """``x`` truncated to tf32 (10 fraction bits; ``x - tf32_hi(x)`` is exact)."""
+    return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def dot_fp32(a, b, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr):
+    """``a @ b`` (float32) to ~fp32 accuracy on tensor cores: an operand exact in tf32
+    (A_EXACT / B_EXACT) is used as it is, any other is split into its tf32 head and
+    remainder: 1, 2 or 3 tf32 passes."""
+    if A_EXACT and B_EXACT:
+        r = tl.dot(a, b, input_precision="tf32")
+    elif A_EXACT:
+        b_hi = tf32_hi(b)
+        r = tl.dot(a, b - b_hi, input_precision="tf32")
+        r = tl.dot(a, b_hi, acc=r, input_precision="tf32")
+    elif B_EXACT:
+        a_hi = tf32_hi(a)
+        r = tl.dot(a - a_hi, b, input_precision="tf32")
+        r = tl.dot(a_hi, b, acc=r, input_precision="tf32")
+    else:
+        a_hi = tf32_hi(a)
+        b_hi = tf32_hi(b)
+        r = tl.dot(a - a_hi, b_hi, input_precision="tf32")
+        r = tl.dot(a_hi, b - b_hi, acc=r, input_precision="tf32")
+        r = tl.dot(a_hi, b_hi, acc=r, input_precision="tf32")
+    return r
+
+
+@triton.jit
+def tile_values(codes, sc, s2v, FMT: tl.constexpr, BV: tl.constexpr, K: tl.constexpr):
+    """A tile :func:`load_tile` loaded as ``(X, row_scale)`` with ``S = X * row_scale``:
+    fp32 codes as they are (scale 1); 16-bit values; fp8 E4M3 values (the row scale
+    apart); nvfp4 E2M1 values times their E4M3 block scales (the matrix scale apart);
+    mxfp4 E2M1 values times E8M0 block scales.  ``X`` is exact in tf32 for every format
+    but fp32 (at most 11 significant bits)."""
+    if FMT == K_FP32:
+        X = codes
+        rs = tl.full((BV,), 1.0, tl.float32)
+    elif (FMT == K_BF16) or (FMT == K_BF16_SR):
+        X = bf16_bits_to_f32(codes)
+        rs = tl.full((BV,), 1.0, tl.float32)
+    elif (FMT == K_FP16) or (FMT == K_FP16_SR):
+        X = fp16_bits_to_f32(codes)
+        rs = tl.full((BV,), 1.0, tl.float32)
+    elif FMT == K_FP8:
+        X = e4m3_value_hw(codes)
+        rs = sc
+    elif FMT == K_NVFP4:
+        X = e2m1_value(unpack_nibbles(codes, BV, K)) * per_block(
+            e4m3_value_exact(sc.to(tl.int32)), BV, K, 16)
+        rs = tl.full((BV,), 1.0, tl.float32) * s2v
+    else:
+        X = e2m1_value(unpack_nibbles(codes, BV, K)) * per_block(
+            e8m0_value(sc.to(tl.int32)), BV, K, 32)
+        rs = tl.full((BV,), 1.0, tl.float32)
+    return X, rs
