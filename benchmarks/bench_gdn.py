@@ -40,14 +40,14 @@ SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
                             "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "fused", "block_v": 128, "num_warps": 4,
                                 "flush_chunk": 16, "fast_encode": True},
-         "verify-T4": {"verify_block_v": 16, "verify_num_warps": 2, "verify_stages": 1,
+         "verify-T4": {"verify_block_v": 16, "verify_num_warps": 4, "verify_stages": 1,
                        "verify_launch": "single"}}
 _FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,
-          "maxnreg": 168, "flush_ctas_per_sm": 3}
+          "maxnreg": 128, "flush_ctas_per_sm": 4}
 _ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
-         "replay-fp32": {"launch": "staged", **_FLUSH, "maxnreg": 128, "flush_ctas_per_sm": 4,
-                         "out_block_v": 16, "out_num_warps": 1, **_ONE},
+         "replay-fp32": {"launch": "staged", **_FLUSH, "out_block_v": 16, "out_num_warps": 1,
+                         **_ONE},
          "split-fp32-fp8": {"launch": "staged", **_FLUSH, "out_block_v": 16,
                             "out_num_warps": 1, **_ONE, "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
@@ -70,15 +70,14 @@ _OUT_ALTS = {"replay-fp32": [{"out_num_warps": 1}, {"out_block_v": 32, "out_num_
                                 {"out_block_v": 64, "out_num_warps": 4}],
              "split-fp16sr-nvfp4": [{"out_block_v": 16, "out_num_warps": 1},
                                     {"out_num_warps": 4}, {"out_block_v": 64, "out_num_warps": 4}]}
-_FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": True},
-               {"maxnreg": 128, "flush_ctas_per_sm": 4}]
+_FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": True}]
 # flush alternatives of the split designs (measured on the H200, qwen3.5-4b, batch 256:
-# one program per unit ("units") flushes faster -- nvfp4 1242 against 1486 us -- but its
-# launch costs every output step ~14 us when nothing flushes; the register cap of 128
-# was only timed with it)
+# one program per unit ("units") flushes faster -- nvfp4 1233 against 1356 us -- but its
+# launch costs every output step ~9-14 us when nothing flushes; 168 registers and 3
+# programs per SM were the defaults before the 128 / 4 of the last sweep)
 _UNITS = {"flush_grid": "units"}
-_FLUSH_SPLIT = [{"maxnreg": 128}, {"maxnreg": 128, "flush_ctas_per_sm": 4},
-                {**_UNITS, "maxnreg": 128}, {"fast_encode": False}]
+_FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {**_UNITS, "flush_ctas_per_sm": 3},
+                {"fast_encode": False}]
 # alternatives tried at (first model, batch 256, first window).  Tile counts per program
 # assume 2 v-heads per k-head (qwen3.5).
 SWEEP = {
@@ -95,13 +94,9 @@ SWEEP = {
 }
 
 # batch-1 alternatives (the fused launch; picked whole, by window mean)
-SWEEP_SMALL = {"replay-fp32": [{"num_warps": 2}, {"num_warps": 8}, {"block_v": 32},
-                               {"eager": False}],
-               "split-fp16sr-nvfp4": [{"fast_encode": False}],
+SWEEP_SMALL = {"replay-fp32": [{"num_warps": 2}, {"eager": False}],
                "verify-T4": [{"verify_launch": "staged-dot", "verify_num_warps": 1,
-                              "verify_stages": 2},
-                             {"verify_launch": "staged", "verify_stages": 2},
-                             {"verify_num_warps": 4}]}
+                              "verify_stages": 2}, {"verify_num_warps": 2}]}
 
 
 # per-launch diagnosis (``--phase diag``): (variant, batch, overrides of LARGE / SMALL)

@@ -1185,15 +1185,16 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     pipeline; as many programs as fit at once under its register cap), a prep launch
     (one program per sequence and k-head) and an output launch of small tiles
     (16-64 rows, 1-2 warps: many resident programs, each waiting only for the slot
-    index and the ring position before all its loads); verify also staged (32-row
-    tiles, 2 warps); verify "staged-dot" (16-row tiles, 1 warp: every draft's
-    reductions of a tile as one tensor-core product); integer-rounding encoders in the
-    flushes; an nvfp4 flush keeps its first pass's fp32 rows in a per-program scratch
-    instead of folding twice.  Picked from sweeps on an H200 (qwen3.5-4b, batch 256,
-    L = 16: verify 593 -> 328 us, nvfp4 split 225 -> 174 us per step, fp8 split
-    171 -> 170); the staged prep launch uses plain (masked) ring loads (14.8 vs
-    16.3 us eager).  ``flush_grid="units"`` stays opt-in: its flushes are faster, but
-    its launch costs every output step ~14 us more when nothing flushes."""
+    index and the ring position before all its loads); verify "staged-dot" (16-row
+    tiles, 1 warp: every draft's reductions of a tile as one tensor-core product);
+    integer-rounding encoders in the flushes; an nvfp4 flush keeps its first pass's
+    fp32 rows in a per-program scratch instead of folding twice.  Picked from sweeps on
+    an H200 (qwen3.5-4b, batch 256, L = 16: verify 593 -> 328 us; the flush launch
+    capped at 128 registers, 4 programs per SM: nvfp4 split 225 -> 166 us per step, fp8
+    split 171 -> 165); the staged prep launch uses plain (masked) ring loads (14.8 vs
+    16.3 us eager); batch-1 verify programs of 4 warps (18.8 against 22.2 us with 2).
+    ``flush_grid="units"`` stays opt-in: its flushes are faster, but its launch costs
+    every output step ~14 us more when nothing flushes."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1201,15 +1202,14 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     tiles_per_program=1, stages=1, flush_chunk=min(bv, 16), flush_stages=1,
                     out_maxnreg=None, verify_maxnreg=None, flush_ctas_per_sm=4,
                     out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
-                    out_stages=1, verify_block_v=min(V, 16), verify_num_warps=2,
+                    out_stages=1, verify_block_v=min(V, 16), verify_num_warps=4,
                     verify_stages=1, eager=True, prep_num_warps=2,
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
-    fp32 = (read or checkpoint) == "fp32"
-    return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128 if fp32 else 168,
+    return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128,
                 tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=0,
-                verify_maxnreg=0, flush_ctas_per_sm=4 if fp32 else 3,
+                verify_maxnreg=0, flush_ctas_per_sm=4,
                 out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
                 out_stages=1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
                 eager=False, prep_num_warps=2, verify_launch="staged-dot", flush_licm=False,

@@ -46,17 +46,19 @@ def mamba2_verify(
     out: torch.Tensor | None = None,
     block_p: int | None = None,
     num_warps: int | None = None,
-    verify_launch: str = "single",
+    verify_launch: str = "staged-dot",
 ) -> torch.Tensor:
     """Outputs of ``T`` draft tokens per row.
 
     ``x, z``: (batch, T, heads, P); ``dt``: (batch, T, heads); ``B, C``:
     (batch, T, groups, N).  Returns (batch, T, heads, P) float32.  ``T`` must not
-    exceed the window.  ``verify_launch``: "single" (one launch of
-    ``mamba2_kernel``, as measured), "staged" (opt-in, ``mamba2_verify``: a prep
-    launch for the drafts' coefficients and any flush, then an output launch that
-    reads each state tile once for all drafts) or "staged-dot" (opt-in: "staged" with
-    the output launch's per-draft reductions as tensor-core products).
+    exceed the window.  ``verify_launch``: "staged-dot" (default, ``mamba2_verify``:
+    a prep launch for the drafts' coefficients and any flush, then an output launch
+    that reads each state tile once and computes all drafts' reductions as
+    tensor-core products; 16-row tiles, 1 warp), "staged" (the same with CUDA-core
+    reductions) or "single" (one launch of ``mamba2_kernel``).  On an H200 at batch
+    256 and T = 4: 628 / 714 us against 836 / 861 (staged) and 1270 / 1304 (single),
+    nano-4b / super-120b shapes; at batch 1 24.6 / 22.3 against 32.0 / 27.4 us.
     """
     T = x.shape[1]
     if not cache.speculative:
@@ -67,9 +69,10 @@ def mamba2_verify(
     if out is None:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     if verify_launch in ("staged", "staged-dot"):
+        dot = verify_launch == "staged-dot"
         launch_staged_verify(cache, x, dt, B, C, params, z=z, out=out, state_indices=idx,
-                             dt_softplus=dt_softplus, block_p=block_p, num_warps=num_warps,
-                             dot=verify_launch == "staged-dot")
+                             dt_softplus=dt_softplus, block_p=block_p or (16 if dot else None),
+                             num_warps=num_warps or (1 if dot else None), dot=dot)
     elif verify_launch == "single":
         launch_replay(MODE_VERIFY, cache, x, dt, B, C, params, z=z, out=out,
                       state_indices=idx, T=T, dt_softplus=dt_softplus, block_p=block_p or 16,

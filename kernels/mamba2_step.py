@@ -366,10 +366,12 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     sweeps at batch 256, L = 16, nemotron-3-nano-4b / -super-120b shapes): an fp32 or
     16-bit read copy streams through the "group" output kernel (4 warps, 4 heads per
     program, 32-row tiles where they divide headdim, else 16); 1-byte and 4-bit copies
-    through 1-warp "heads" programs of 32-row tiles (4 heads, 2 for 4-bit; 2 pipeline
-    stages); flush chunks of 16 rows in a 3-stage pipeline (one stage for nvfp4, whose
-    units fold each head twice), 4 persistent programs per SM, capped at 128 registers
-    when a low-precision copy is encoded."""
+    through 1-warp "heads" programs of 32-row tiles (4 heads, 1 for 4-bit; no pipeline
+    across heads: one stage measured 121 against 133 us per fp8 output step, one head
+    per nvfp4 program 138-148 against 159-179 us); flush chunks of 16 rows in a
+    3-stage pipeline (one stage for nvfp4, whose units fold each head twice), 4
+    persistent programs per SM, capped at 128 registers when a low-precision copy is
+    encoded."""
     hpg = H // G
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
@@ -384,7 +386,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     bp = max(16, min(bp, triton.next_power_of_2(P)))
     npb = triton.cdiv(P, bp)
     nw = cfg.num_warps or (1 if kind == "heads" else 4)
-    want = 2 if (kind == "heads" and _BYTES_BY_ID[rd_id] < 1) else 4
+    want = 1 if (kind == "heads" and _BYTES_BY_ID[rd_id] < 1) else 4
     hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0 and d <= want)
                                     if kind != "tiles" else 1)
     if hpg % hpp:
@@ -397,7 +399,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
     return replace(cfg, out_kernel=kind, block_p=bp, num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
-                   stages=cfg.stages or 2,
+                   stages=cfg.stages or (1 if kind == "heads" else 2),
                    flush_stages=cfg.flush_stages or (1 if need_amax else 3),
                    maxnreg=cfg.maxnreg,
                    flush_maxnreg=(0 if wide else 128) if cfg.flush_maxnreg is None
@@ -579,7 +581,12 @@ def mamba2_conventional_step(
     count = fid in (FMT_BF16_SR, FMT_FP16_SR)
     if count and steps is None:
         raise ValueError("stochastic-rounding conventional steps need a `steps` counter tensor")
-    bp = pick_block_p(P, N, (fid,), block_p or 16, minimum=1)
+    # H200 sweeps: 16-row, 4-warp programs at batch 64-256; at batch 1 (a few hundred
+    # programs, latency-bound) 8 rows and 2 warps (7.6 / 8.1 against 8.3 / 8.2 us)
+    small = x.shape[0] * H < SPLIT_MIN_ROWS
+    bp = pick_block_p(P, N, (fid,), block_p or (8 if small else 16), minimum=1)
+    if num_warps is None and small and block_p is None:
+        num_warps = 2
     counter = steps if steps is not None else idx
     mamba2_conv_kernel[(H * triton.cdiv(P, bp), x.shape[0])](
         *state.kernel_args(), counter, _tickets_for(counter), idx,
