@@ -147,6 +147,28 @@ def m2_verify_prep_kernel(
 
 
 @triton.jit
+def _verify_rows(pos, ring_x, D_ptr, b, h, slot, H, P, L, LR, RB: tl.constexpr,
+                 T: tl.constexpr, TB: tl.constexpr, HAS_D: tl.constexpr):
+    """What both verify output kernels need of head ``h`` of batch row ``b``: its ring
+    rows' base (the half of the double window the prep launch chose), D, the ring
+    entries that are committed (``old``) or drafts (``vd``, draft index ``jj``) and the
+    row of the prep launch's coefficients (``base``)."""
+    pv = tl.load(pos + b)
+    c0 = pv & 0xFFFF
+    win = slot.to(tl.int64) * LR + (pv >> 16) * L
+    rx_h = ring_x + win * (H * P) + h * P
+    D_h = 0.0
+    if HAS_D:
+        D_h = tl.load(D_ptr + h).to(tl.float32)
+    offs_r = tl.arange(0, RB)
+    old = offs_r < c0
+    j = offs_r - c0
+    vd = (j >= 0) & (j < T)
+    jj = tl.where(vd, j, 0)
+    return rx_h, D_h, old, vd, jj, (b * H + h) * TB
+
+
+@triton.jit
 def m2_verify_out_kernel(
     rd_c, rd_s1, rd_s2, ring_x, state_idx, pos, coef, eLs,
     x_ptr, C_ptr, z_ptr, out_ptr, D_ptr,
@@ -166,26 +188,15 @@ def m2_verify_out_kernel(
             for k in tl.static_range(T):
                 tl.store(out_b + k * s_ot + rows, 0.0, mask=rows < P)
         return
-    pv = tl.load(pos + b)
-    c0 = pv & 0xFFFF
-    half = pv >> 16
     g = h // (H // G)
     offs_r = tl.arange(0, RB)
     HP = H * P
     mat = slot.to(tl.int64) * H + h
-    win = slot.to(tl.int64) * LR + half * L
-    rx_h = ring_x + win * HP + h * P
     x_h = x_ptr + b * s_xb + h * P
     z_h = z_ptr + b * s_zb + h * P
     C_b = C_ptr + b * s_Cb + g * N
-    D_h = 0.0
-    if HAS_D:
-        D_h = tl.load(D_ptr + h).to(tl.float32)
-    old = offs_r < c0
-    j = offs_r - c0
-    vd = (j >= 0) & (j < T)
-    jj = tl.where(vd, j, 0)
-    base = (b * H + h) * TB
+    rx_h, D_h, old, vd, jj, base = _verify_rows(pos, ring_x, D_ptr, b, h, slot, H, P, L, LR,
+                                                RB, T, TB, HAS_D)
     for q in tl.range(0, NPB, num_stages=NS):
         rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
         m = rows < P
@@ -243,26 +254,15 @@ def m2_verify_out_mm_kernel(
                      tl.zeros((BLOCK_P, TP), dtype=tl.float32),
                      mask=(rows < P)[:, None] & mt[None, :])
         return
-    pv = tl.load(pos + b)
-    c0 = pv & 0xFFFF
-    half = pv >> 16
     g = h // (H // G)
     offs_r = tl.arange(0, RB)
     offs_n = tl.arange(0, N)
     HP = H * P
     mat = slot.to(tl.int64) * H + h
-    win = slot.to(tl.int64) * LR + half * L
-    rx_h = ring_x + win * HP + h * P
     x_h = x_ptr + b * s_xb + h * P
     z_h = z_ptr + b * s_zb + h * P
-    D_h = 0.0
-    if HAS_D:
-        D_h = tl.load(D_ptr + h).to(tl.float32)
-    old = offs_r < c0
-    j = offs_r - c0
-    vd = (j >= 0) & (j < T)
-    jj = tl.where(vd, j, 0)
-    base = (b * H + h) * TB
+    rx_h, D_h, old, vd, jj, base = _verify_rows(pos, ring_x, D_ptr, b, h, slot, H, P, L, LR,
+                                                RB, T, TB, HAS_D)
     # per head, loaded once: C^T (N, TP), the ring coefficients W^T (RB, TP), the decays
     Ct = tl.load(C_ptr + b * s_Cb + g * N + tt[None, :] * s_Ct + offs_n[:, None],
                  mask=mt[None, :], other=0.0).to(tl.float32)
