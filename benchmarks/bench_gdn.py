@@ -271,7 +271,7 @@ def sweep(model: str, window: int, out: str, deadline: float | None = None) -> d
         best = min(ok, key=lambda r: r["us_per_step"]) if ok else {}
         over[key] = {k: v for k, v in best.items() if k not in base or base[k] != v} \
             if best else {}
-        for k in ("us_per_step", "us_output", "us_flush"):
+        for k in ("us_per_step", "us_output", "us_flush", "us_commit"):
             over[key].pop(k, None)
         print(f"sweep {key}: picked {over[key]}")
         for r in rows:
