@@ -73,15 +73,14 @@ CANDIDATES: dict[str, list] = {
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products
-    "verify-T4": [(16, 4), (32, 4), (32, 2, "staged"), (32, 4, "staged"), (16, 1, "staged"),
-                  (32, 1, "staged"), (16, 1, "staged-dot"), (32, 1, "staged-dot"),
-                  (32, 2, "staged-dot"), (64, 4, "staged-dot")],
+    "verify-T4": [(16, 1, "staged-dot"), (32, 1, "staged-dot"), (32, 2, "staged-dot"),
+                  (32, 1, "staged"), (16, 4)],
 }
 # (block_p, num_warps[, verify_launch]) tuned again at the smallest batch below 16, where
 # each step is one short launch and latency, not bandwidth, decides
 SMALL_CANDIDATES: dict[str, list[tuple]] = {
     "conventional": [(16, 4), (8, 4), (4, 4), (8, 2), (4, 2), (32, 4)],
-    "verify-T4": [(16, 4), (16, 2), (16, 1, "staged"), (32, 1, "staged"), (16, 1, "staged-dot")],
+    "verify-T4": [(16, 1, "staged-dot"), (32, 1, "staged"), (16, 4)],
 }
 _F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
