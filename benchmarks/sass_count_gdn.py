@@ -59,18 +59,17 @@ def loop_bodies(text: str) -> list[int]:
 # (design name, checkpoint, read copy) as the GDN benchmark names them
 DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
            "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
-# flush variants: (label, GDNReplayCache keywords over the large-batch defaults)
-FLUSH = [("default", {}), ("fast_encode", {"fast_encode": True}),
+# flush variants: (label, GDNReplayCache keywords over the large-batch defaults, which
+# are the integer-rounding encoders, the nvfp4 scratch pass and the persistent grid)
+FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
          ("units", {"flush_grid": "units"}),
-         ("units+fast", {"flush_grid": "units", "fast_encode": True})]
-FLUSH_NVFP4 = [("scratch", {"flush_pass": "scratch"}),
-               ("scratch+fast", {"flush_pass": "scratch", "fast_encode": True}),
-               ("units+scratch+fast", {"flush_grid": "units", "flush_pass": "scratch",
-                                       "fast_encode": True})]
+         ("168 registers, 3 per SM", {"maxnreg": 168, "flush_ctas_per_sm": 3})]
+FLUSH_NVFP4 = [("recompute", {"flush_pass": "recompute"}),
+               ("recompute+reference", {"flush_pass": "recompute", "fast_encode": False})]
 
-VERIFY = [("staged", {}), ("staged-dot", {"verify_launch": "staged-dot"}),
-          ("staged-dot bv64 w4", {"verify_launch": "staged-dot", "verify_block_v": 64,
-                                  "verify_num_warps": 4})]
+VERIFY = [("staged-dot", {}), ("staged", {"verify_launch": "staged", "verify_block_v": 32,
+                                          "verify_num_warps": 2}),
+          ("staged-dot bv64 w4", {"verify_block_v": 64, "verify_num_warps": 4})]
 
 
 def _shape(model: str) -> tuple[int, int, int, int]:
