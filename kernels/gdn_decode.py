@@ -665,6 +665,27 @@ def _prep_kernel(
 
 
 @triton.jit
+def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.constexpr,
+                 RP: tl.constexpr, FMT: tl.constexpr):
+    """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
+    codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
+    ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
+    ``k . q``."""
+    offs_r = tl.arange(0, RP)
+    ck = tl.load(cb + offs_r)
+    cq = tl.load(cb + RP + offs_r)
+    eG = tl.load(cb + 2 * RP)
+    alpha = tl.load(cb + 2 * RP + 1)
+    beta = tl.load(cb + 2 * RP + 2)
+    kqs = tl.load(cb + 2 * RP + 3)
+    Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
+    Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
+    Sq = eG * Sq0 + tl.sum(Dr * cq[:, None], axis=0)
+    d = beta * (v - alpha * Sk)
+    return alpha * Sq + d * kqs, d
+
+
+@triton.jit
 def _out_kernel(
     v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
@@ -705,20 +726,10 @@ def _out_kernel(
         codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K, FMT)
         Dr = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
                        + offs_v[None, :], valid[:, None] & mrow[None, :], RING)
-        cb = pco + (bidx * HV + h) * CW
-        ck = tl.load(cb + offs_r)
-        cq = tl.load(cb + RP + offs_r)
-        eG = tl.load(cb + 2 * RP)
-        alpha = tl.load(cb + 2 * RP + 1)
-        beta = tl.load(cb + 2 * RP + 2)
-        kqs = tl.load(cb + 2 * RP + 3)
         v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
                                other=0.0).to(tl.float32), RING)
-        Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
-        Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
-        Sq = eG * Sq0 + tl.sum(Dr * cq[:, None], axis=0)
-        d = beta * (v - alpha * Sk)
-        o = alpha * Sq + d * kqs
+        o, d = _staged_rows(codes, sc, s2v, k, q, Dr, pco + (bidx * HV + h) * CW, v, K, BV,
+                            RP, FMT)
         tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
         ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
         ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
@@ -1047,20 +1058,10 @@ def _vout_kernel(
         qb = pqk + (row * HK + hk) * (2 * K)
         q = tl.load(qb + offs_k)
         k = tl.load(qb + K + offs_k)
-        cb = pco + (row * HV + h) * CW
-        ck = tl.load(cb + offs_r)
-        cq = tl.load(cb + RP + offs_r)
-        eA = tl.load(cb + 2 * RP)
-        alpha = tl.load(cb + 2 * RP + 1)
-        beta = tl.load(cb + 2 * RP + 2)
-        kqs = tl.load(cb + 2 * RP + 3)
         v = ring_round(tl.load(v_ptr + (row * HV + h) * V + offs_v, mask=mrow,
                                other=0.0).to(tl.float32), RING)
-        Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
-        Sk = eA * Sk0 + tl.sum(Dall * ck[:, None], axis=0)
-        Sq = eA * Sq0 + tl.sum(Dall * cq[:, None], axis=0)
-        d = beta * (v - alpha * Sk)
-        o = alpha * Sq + d * kqs
+        o, d = _staged_rows(codes, sc, s2v, k, q, Dall, pco + (row * HV + h) * CW, v, K, BV,
+                            RP, FMT)
         dr = ring_round(d, RING)
         m = n + j
         pos = rbase + m

@@ -219,6 +219,29 @@ def _out_tile(codes, s1, s2, rx, rdt, x, z, dt_raw, A_h, D_h, dtb, c, offs_r, C_
 
 
 @triton.jit
+def _tile_of_head(codes, s1, s2, h, rows, first_of_head, c, offs_r, mr, C_t, Ce, Co, BC,
+                  rx_b, rdt_b, x_b, z_b, dt_b, out_b, A_ptr, D_ptr, dtb_ptr, H, P,
+                  RD_FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+                  RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+                  HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+    """Tile ``rows`` of head ``h`` whose stored codes are loaded: the head's constants,
+    its ring rows and inputs, then :func:`_out_tile`."""
+    m = rows < P
+    HP = H * P
+    A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+    rx = ring_load_raw(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
+                       mr[:, None] & m[None, :], RING)
+    rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
+    x = tl.load(x_b + h * P + rows, mask=m, other=0.0)
+    z = 0.0
+    if HAS_Z:
+        z = tl.load(z_b + h * P + rows, mask=m, other=0.0)
+    _out_tile(codes, s1, s2, rx, rdt, x, z, tl.load(dt_b + h), A_h, D_h, dtb, c, offs_r, C_t,
+              Ce, Co, BC, out_b + h * P, rx_b + c * HP + h * P, rdt_b + c * H + h, rows, m,
+              first_of_head, RD_FMT, BLOCK_P, N, RING, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
+
+
+@triton.jit
 def m2_out_kernel(
     rd_c, rd_s1, rd_s2, ring_x, ring_B, ring_dt, tickets, state_idx, pos,
     x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr,
@@ -272,40 +295,21 @@ def m2_out_kernel(
         eB = tl.where((offs_r == c)[:, None], B_t[None, :], rB)
         BC = tl.sum(eB * C_t[None, :], axis=1)
         if TPP == 1:
-            rows = rows0
-            m = rows < P
-            A_h, D_h, dtb = _head_consts(h0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-            rx = ring_load_raw(rx_b + h0 * P + offs_r[:, None] * HP + rows[None, :],
-                               mr[:, None] & m[None, :], RING)
-            rdt = tl.load(rdt_b + h0 + offs_r * H, mask=mr, other=0.0)
-            x = tl.load(x_b + h0 * P + rows, mask=m, other=0.0)
-            z = 0.0
-            if HAS_Z:
-                z = tl.load(z_b + h0 * P + rows, mask=m, other=0.0)
-            _out_tile(cc0, cs10, cs20, rx, rdt, x, z, tl.load(dt_b + h0), A_h, D_h, dtb, c,
-                      offs_r, C_t, Ce, Co, BC, out_b + h0 * P, rx_b + c * HP + h0 * P,
-                      rdt_b + c * H + h0, rows, m, tau0 % NPB == 0, RD_FMT, BLOCK_P, N, RING,
-                      HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
+            _tile_of_head(cc0, cs10, cs20, h0, rows0, tau0 % NPB == 0, c, offs_r, mr, C_t, Ce,
+                          Co, BC, rx_b, rdt_b, x_b, z_b, dt_b, out_b, A_ptr, D_ptr, dtb_ptr,
+                          H, P, RD_FMT, BLOCK_P, N, RING, HAS_Z, HAS_D, HAS_DT_BIAS,
+                          DT_SOFTPLUS)
         else:
             for i in tl.range(0, TPP, num_stages=NS):
                 tau = tau0 + i
                 h = tau // NPB
                 rows = (tau % NPB) * BLOCK_P + tl.arange(0, BLOCK_P)
-                m = rows < P
-                cc, cs1, cs2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h, rows, m, P, RD_FMT,
-                                          BLOCK_P, N)
-                A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-                rx = ring_load_raw(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
-                                   mr[:, None] & m[None, :], RING)
-                rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
-                x = tl.load(x_b + h * P + rows, mask=m, other=0.0)
-                z = 0.0
-                if HAS_Z:
-                    z = tl.load(z_b + h * P + rows, mask=m, other=0.0)
-                _out_tile(cc, cs1, cs2, rx, rdt, x, z, tl.load(dt_b + h), A_h, D_h, dtb, c,
-                          offs_r, C_t, Ce, Co, BC, out_b + h * P, rx_b + c * HP + h * P,
-                          rdt_b + c * H + h, rows, m, tau % NPB == 0, RD_FMT, BLOCK_P, N, RING,
-                          HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
+                cc, cs1, cs2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h, rows, rows < P, P,
+                                          RD_FMT, BLOCK_P, N)
+                _tile_of_head(cc, cs1, cs2, h, rows, tau % NPB == 0, c, offs_r, mr, C_t, Ce,
+                              Co, BC, rx_b, rdt_b, x_b, z_b, dt_b, out_b, A_ptr, D_ptr,
+                              dtb_ptr, H, P, RD_FMT, BLOCK_P, N, RING, HAS_Z, HAS_D,
+                              HAS_DT_BIAS, DT_SOFTPLUS)
         if tau0 % (NPB * hpg) == 0:  # the group's first tile appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)
 

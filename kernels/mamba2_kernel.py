@@ -102,6 +102,40 @@ def _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, n
     return tl.where(m[:, None], tl.fma(S, decay, upd), 0.0)
 
 
+@triton.jit
+def fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P, rx_h, HP, offs_r,
+                   c, last, w, rB, seed_ck, seed_rd, step, CK_FMT: tl.constexpr,
+                   RD_FMT: tl.constexpr, FB: tl.constexpr, NQ: tl.constexpr, N: tl.constexpr,
+                   RING: tl.constexpr, SPLIT: tl.constexpr, NEED_AMAX: tl.constexpr,
+                   WRITE_FRESH: tl.constexpr):
+    """Fold ring entries ``0..c-1`` (weights ``last``, ``w``) into the checkpoint of
+    matrix ``mat`` in ``NQ`` chunks of ``FB`` rows and write the checkpoint, the read
+    copy (SPLIT) and the fp32 state (WRITE_FRESH) with SR step ``step``: the flush a
+    verify does before drafts would overrun the window.  nvfp4 takes a first pass for
+    the matrix amax; an nvfp4 checkpoint decodes with its scale from before the flush."""
+    s2_old = 0.0
+    if CK_FMT == K_NVFP4:
+        s2_old = tl.load(ck_s2 + mat)
+    amax = 0.0
+    if NEED_AMAX:
+        for qq in range(NQ):
+            rows = qq * FB + tl.arange(0, FB)
+            Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, rows < P, P, rx_h, HP,
+                             offs_r, c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
+            amax = tl.maximum(amax, matrix_amax(Sn))
+    for qq in range(NQ):
+        rows = qq * FB + tl.arange(0, FB)
+        m = rows < P
+        Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c,
+                         last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
+        store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, step, amax, CK_FMT, FB, N)
+        if SPLIT:
+            store_state(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, step, amax, RD_FMT,
+                        FB, N)
+        if WRITE_FRESH:
+            tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
+
+
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd"])
 def mamba2_kernel(
     ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr,
@@ -283,31 +317,10 @@ def mamba2_kernel(
                 A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
                 rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
                 last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
-                s2_old = 0.0
-                if CK_FMT == K_NVFP4:
-                    s2_old = tl.load(ck_s2 + mat)
-                amax = 0.0
-                if NEED_AMAX:
-                    for qq in range(NQ):
-                        rows = qq * FB + tl.arange(0, FB)
-                        m = rows < P
-                        Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
-                                         rx_b + h * P, HP, offs_r, c, last, w, rB, 0.0, 0,
-                                         CK_FMT, FB, N, RING, False)
-                        amax = tl.maximum(amax, matrix_amax(Sn))
-                for qq in range(NQ):
-                    rows = qq * FB + tl.arange(0, FB)
-                    m = rows < P
-                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_b + h * P, HP,
-                                     offs_r, c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
-                    store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t - 1, amax,
-                                CK_FMT, FB, N)
-                    if SPLIT:
-                        store_state(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t - 1,
-                                    amax, RD_FMT, FB, N)
-                    if WRITE_FRESH:
-                        tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
-                                 mask=m[:, None])
+                fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P,
+                               rx_b + h * P, HP, offs_r, c, last, w, rB, seed_ck, seed_rd,
+                               t - 1, CK_FMT, RD_FMT, FB, NQ, N, RING, SPLIT, NEED_AMAX,
+                               WRITE_FRESH)
             tl.debug_barrier()  # the drafts below read the copy just written
             cc, cs1, cs2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, rows_0 < P, P,
                                       RD_FMT, BLOCK_P, N)

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .mamba2_kernel import _fold_chunk, _head_consts
+from .mamba2_kernel import _head_consts, fold_committed
 from .tl_common import (
     K_RING_FP32,
     decay_weights,
@@ -46,7 +46,7 @@ from .tl_common import (
     ring_store,
 )
 from .tl_dots import dot_fp32, tile_values
-from .tl_formats import K_FP32, K_NVFP4, load_codes, matrix_amax, store_state, tile_offsets
+from .tl_formats import K_FP32, load_codes
 from .tl_mamba2_fast import TWO63, row_dot
 
 
@@ -87,29 +87,9 @@ def m2_verify_prep_kernel(
         rB = ring_load(ring_B + (win * G + g) * N + oB, (offs_r < c)[:, None], RING)
         rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=offs_r < c, other=0.0)
         last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
-        s2_old = 0.0
-        if CK_FMT == K_NVFP4:
-            s2_old = tl.load(ck_s2 + mat)
-        amax = 0.0
-        if NEED_AMAX:
-            for qq in range(NQ):
-                rows = qq * FB + tl.arange(0, FB)
-                m = rows < P
-                Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r,
-                                 c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
-                amax = tl.maximum(amax, matrix_amax(Sn))
-        for qq in range(NQ):
-            rows = qq * FB + tl.arange(0, FB)
-            m = rows < P
-            Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r,
-                             c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
-            store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t - 1, amax,
-                        CK_FMT, FB, N)
-            if SPLIT:
-                store_state(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t - 1, amax,
-                            RD_FMT, FB, N)
-            if WRITE_FRESH:
-                tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
+        fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P, rx_h, HP,
+                       offs_r, c, last, w, rB, seed_ck, seed_rd, t - 1, CK_FMT, RD_FMT, FB,
+                       NQ, N, RING, SPLIT, NEED_AMAX, WRITE_FRESH)
         c0 = c * 0
         half = 1 - half
     else:
