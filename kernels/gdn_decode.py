@@ -1024,6 +1024,37 @@ def _vprep_kernel(
 
 
 @triton.jit
+def _verify_tile(state_idx, pn, r_data, r_s1, r_s2, bidx, HK: tl.constexpr, HV: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, R: tl.constexpr,
+                 FMT: tl.constexpr):
+    """The tile of a verify output program (grid ``(HV * (V // BV), B)``): its v-head
+    and k-head, the committed ring length ``n`` (-1: nothing to verify), the ring's
+    base row, the tile's rows and row mask, and its stored codes."""
+    NVB: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    h = pid // NVB
+    slot = tl.load(state_idx + bidx)
+    n = tl.load(pn + bidx)
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    offs_v = (pid % NVB) * BV + tl.arange(0, BV)
+    mrow = (offs_v < V) & (slot >= 0) & (n >= 0)
+    codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K, FMT)
+    return h, h // (HV // HK), n, slot64 * R, offs_v, mrow, codes, sc, s2v
+
+
+@triton.jit
+def _write_draft(out, ring_d, ring_v, row, pos, h, offs_v, mrow, o, d, v, HV: tl.constexpr,
+                 V: tl.constexpr, RING: tl.constexpr):
+    """A verified draft's output and its ring entries (d, v) at ring row ``pos``;
+    returns the ring-rounded d."""
+    dr = ring_round(d, RING)
+    tl.store(out + (row * HV + h) * V + offs_v, o, mask=mrow)
+    ring_store(ring_d + (pos * HV + h) * V + offs_v, dr, mrow, RING)
+    ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
+    return dr
+
+
+@triton.jit
 def _vout_kernel(
     v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -1035,22 +1066,11 @@ def _vout_kernel(
     adds the ring's d rows (committed entries and drafts 0..j-1, joined in registers)
     weighted by the prep launch's coefficients, and writes o and its d, v behind the
     commit pointer."""
-    pid = tl.program_id(0)
     bidx = tl.program_id(1)
-    NVB: tl.constexpr = V // BV
-    GRP: tl.constexpr = HV // HK
-    h = pid // NVB
-    hk = h // GRP
-    slot = tl.load(state_idx + bidx)
-    n = tl.load(pn + bidx)
-    live = (slot >= 0) & (n >= 0)
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    rbase = slot64 * R
+    h, hk, n, rbase, offs_v, mrow, codes, sc, s2v = _verify_tile(
+        state_idx, pn, r_data, r_s1, r_s2, bidx, HK, HV, K, V, BV, R, FMT)
     offs_r = tl.arange(0, RP)
     offs_k = tl.arange(0, K)
-    offs_v = (pid % NVB) * BV + tl.arange(0, BV)
-    mrow = (offs_v < V) & live
-    codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K, FMT)
     Dall = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
                      + offs_v[None, :], (offs_r < n)[:, None] & mrow[None, :], RING)
     for j in tl.static_range(T):
@@ -1062,13 +1082,9 @@ def _vout_kernel(
                                other=0.0).to(tl.float32), RING)
         o, d = _staged_rows(codes, sc, s2v, k, q, Dall, pco + (row * HV + h) * CW, v, K, BV,
                             RP, FMT)
-        dr = ring_round(d, RING)
-        m = n + j
-        pos = rbase + m
-        tl.store(out + (row * HV + h) * V + offs_v, o, mask=mrow)
-        ring_store(ring_d + (pos * HV + h) * V + offs_v, dr, mrow, RING)
-        ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
-        Dall = tl.where(offs_r[:, None] == m, dr[None, :], Dall)
+        dr = _write_draft(out, ring_d, ring_v, row, rbase + n + j, h, offs_v, mrow, o, d, v,
+                          HV, V, RING)
+        Dall = tl.where(offs_r[:, None] == n + j, dr[None, :], Dall)
 
 
 @triton.jit
@@ -1085,24 +1101,13 @@ def _vout_mm_kernel(
     ring's part from one more (``D^T [coefficients]``); only the drafts' own
     contributions to each other (``T (T - 1) / 2`` rows) stay sequential.  A bf16/fp16
     ring (RING != 0, ``tl_common.RING_FP32``) is exact in tf32 and is not split."""
-    pid = tl.program_id(0)
     bidx = tl.program_id(1)
-    NVB: tl.constexpr = V // BV
-    GRP: tl.constexpr = HV // HK
-    h = pid // NVB
-    hk = h // GRP
-    slot = tl.load(state_idx + bidx)
-    n = tl.load(pn + bidx)
-    live = (slot >= 0) & (n >= 0)
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    rbase = slot64 * R
+    h, hk, n, rbase, offs_v, mrow, codes, sc, s2v = _verify_tile(
+        state_idx, pn, r_data, r_s1, r_s2, bidx, HK, HV, K, V, BV, R, FMT)
     offs_r = tl.arange(0, RP)
     offs_k = tl.arange(0, K)
     offs_t = tl.arange(0, TP)
     offs_c = tl.arange(0, TQ)
-    offs_v = (pid % NVB) * BV + tl.arange(0, BV)
-    mrow = (offs_v < V) & live
-    codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K, FMT)
     # column c: draft c's k (c < T) or draft c - T's q (T <= c < 2T); zero beyond
     isk = offs_c < T
     used = offs_c < 2 * T
@@ -1138,11 +1143,8 @@ def _vout_mm_kernel(
                                other=0.0).to(tl.float32), RING)
         d = beta * (v - alpha * Sk)
         o = alpha * Sq + d * kqs
-        dr = ring_round(d, RING)
-        pos = rbase + n + j
-        tl.store(out + (row * HV + h) * V + offs_v, o, mask=mrow)
-        ring_store(ring_d + (pos * HV + h) * V + offs_v, dr, mrow, RING)
-        ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
+        dr = _write_draft(out, ring_d, ring_v, row, rbase + n + j, h, offs_v, mrow, o, d, v,
+                          HV, V, RING)
         Dd = tl.where(offs_t[:, None] == j, dr[None, :], Dd)
 
 
