@@ -71,7 +71,6 @@ from .gdn_extra import (
     inv_unit_lower,
     load_tile,
     qk_at,
-    store_state_fast,
     tile_dots,
 )
 from .state import StateStore
@@ -101,6 +100,7 @@ from .tl_formats import (
     load_state,
     matrix_amax,
     store_state,
+    store_state_with,
 )
 
 RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
@@ -377,10 +377,10 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
         offs_k = tl.arange(0, K)
         tl.store(fresh + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], Sn)
     if W_C:
-        store_state_fast(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT,
+        store_state_with(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT,
                          FB, K, FAST)
     if W_F and (F_FMT != K_NONE):
-        store_state_fast(f_data, f_s1, f_s2, Sn, mat, offs_v, mrow, V, seed + 1, t, amax,
+        store_state_with(f_data, f_s1, f_s2, Sn, mat, offs_v, mrow, V, seed + 1, t, amax,
                          F_FMT, FB, K, FAST)
     if STEP:
         tl.store(out_row + offs_v, tl.sum(Sn * q[None, :], axis=1))

@@ -12,8 +12,6 @@
 * :func:`inv_unit_lower`: ``(I + N)^-1`` of a strictly lower-triangular ``N`` by
   repeated squaring (``log2`` of its size small matrix products, no sequential
   substitution).
-* :func:`store_state_fast`: ``tl_formats.store_state`` with its integer-rounding
-  encoders (``encode_tile_with(..., FAST=True)``; the same bits).
 """
 
 from __future__ import annotations
@@ -34,12 +32,7 @@ from .tl_formats import (
     bf16_bits_to_f32,
     e4m3_value_hw,
     e8m0_value,
-    element_index,
-    encode_tile_with,
     fp16_bits_to_f32,
-    sr_key,
-    store_codes,
-    store_state,
 )
 from .tl_formats import e4m3_value as e4m3_value_exact
 
@@ -150,31 +143,3 @@ def inv_unit_lower(Nm, RP: tl.constexpr, LOG2RP: tl.constexpr):
         Np = tl.dot(Np, Np, input_precision="ieee")
         Tm = Tm + tl.dot(Tm, Np, input_precision="ieee")
     return Tm
-
-
-# ------------------------------------------------------------ lighter encoders
-# The same bits as ``tl_formats.encode_tile`` with fewer operations per element:
-# minifloat codes by integer rounding of the fp32 bits (one add with the round-to-even
-# bit, one shift) instead of float scaling by built powers of two, and stochastic
-# rounding scaled by an exact power of two instead of a division by one.
-
-
-@triton.jit
-def store_state_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
-                     amax_mat, FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
-                     FAST: tl.constexpr):
-    """``tl_formats.store_state`` (FAST 0) or the same bits from the integer-rounding
-    encoders (``tl_formats.encode_tile_with(..., FAST=True)``, FAST 1).  Returns nothing."""
-    if FAST:
-        if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
-            index = element_index(mat, offs_p, P, N)
-            key = sr_key(seed, step)
-        else:
-            index = 0
-            key = 0
-        codes, s1, s2 = encode_tile_with(S, FMT, index, key, amax_mat, BLOCK_P, N, True)
-        store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P, FMT,
-                    BLOCK_P, N)
-    else:
-        store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step, amax_mat,
-                    FMT, BLOCK_P, N)

@@ -30,9 +30,12 @@ from precisionlab.kernels.gdn_decode import (  # noqa: E402
     empty_store,
     store_into,
 )
-from precisionlab.kernels.gdn_extra import store_state_fast  # noqa: E402
 from precisionlab.kernels.state import StateStore  # noqa: E402
-from precisionlab.kernels.tl_formats import FORMAT_IDS, matrix_amax  # noqa: E402
+from precisionlab.kernels.tl_formats import (  # noqa: E402
+    FORMAT_IDS,
+    matrix_amax,
+    store_state_with,  # noqa: E402
+)
 from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import gdn  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
@@ -138,9 +141,9 @@ def _encode_pair(S, a_c, a_s1, a_s2, b_c, b_s1, b_s2, seed, step, P: tl.constexp
     offs = tl.arange(0, P)
     x = tl.load(S + mat * (P * N) + offs[:, None] * N + tl.arange(0, N)[None, :])
     amax = matrix_amax(x)
-    store_state_fast(a_c, a_s1, a_s2, x, mat, offs, offs < P, P, seed, step, amax, FMT, P, N,
+    store_state_with(a_c, a_s1, a_s2, x, mat, offs, offs < P, P, seed, step, amax, FMT, P, N,
                      False)
-    store_state_fast(b_c, b_s1, b_s2, x, mat, offs, offs < P, P, seed, step, amax, FMT, P, N,
+    store_state_with(b_c, b_s1, b_s2, x, mat, offs, offs < P, P, seed, step, amax, FMT, P, N,
                      True)
 
 
