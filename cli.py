@@ -476,7 +476,7 @@ def _write_bench(ds, path: Path) -> None:
     from precisionlab.export import save_result
 
     if path.suffix == ".json":
-        from precisionlab.atomic import atomic_path
+        from precisionlab.atomic import write_json
 
         doc = {"attrs": {k: str(v) for k, v in ds.attrs.items()},
                "data": json.loads(ds.to_dataframe().reset_index().to_json(orient="records"))
@@ -484,8 +484,7 @@ def _write_bench(ds, path: Path) -> None:
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
             fail(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
-        with atomic_path(path) as tmp, open(tmp, "w") as fh:
-            json.dump(doc, fh, indent=2)
+        write_json(path, doc, indent=2)
     else:
         save_result(ds, path)
     out.print(f"wrote {path}")

@@ -16,7 +16,6 @@ Usage: python benchmarks/bench_formats.py [--device cpu|cuda|all] [--json FILE]
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -102,8 +101,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default=None, metavar="FILE", help="also write results as JSON")
     args = ap.parse_args(argv)
 
-    shape = tuple(int(s) for s in args.shape.split(","))
+    try:
+        shape = tuple(int(s) for s in args.shape.split(","))
+    except ValueError:
+        ap.error(f"--shape must be comma-separated integers, got {args.shape!r}")
     formats = args.formats.split(",") if args.formats else names()
+    unknown = [f for f in formats if f not in names()]
+    if unknown:
+        ap.error(f"unknown format(s) {', '.join(unknown)}; known: {', '.join(names())}")
     devices = []
     if args.device in ("all", "cpu"):
         devices.append(torch.device("cpu"))
@@ -137,8 +142,9 @@ def main(argv: list[str] | None = None) -> dict:
         results += bench_device(dev, shape, formats, warmup, reps)
     out = {"meta": meta, "results": results}
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2)
+        from precisionlab.atomic import write_json
+
+        write_json(args.json, out, indent=2)
     return out
 
 

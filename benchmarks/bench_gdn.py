@@ -243,6 +243,17 @@ def plan_sweep(model: str, window: int) -> list[tuple]:
     return jobs
 
 
+def _report(key: str, rows: list[dict], log: dict, over: dict, out: str) -> None:
+    """Print a sweep's pick and rows; (re)write OUT/gdn_sweep.json with all so far."""
+    from precisionlab.atomic import write_json
+
+    print(f"sweep {key}: picked {over[key]}")
+    for r in rows:
+        print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()},
+              flush=True)
+    write_json(os.path.join(out, "gdn_sweep.json"), {"rows": log, "picked": over}, indent=1)
+
+
 def sweep(model: str, window: int, out: str, deadline: float | None = None) -> dict:
     """Time the SWEEP alternatives at batch 256; returns per-variant overrides."""
     from precisionlab.studies.bench_gdn import sweep_configs
@@ -255,12 +266,7 @@ def sweep(model: str, window: int, out: str, deadline: float | None = None) -> d
                              deadline=deadline)
         log[variant] = rows
         over[variant] = pick(variant, rows)
-        print(f"sweep {variant}: picked {over[variant]}")
-        for r in rows:
-            print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()},
-                  flush=True)
-        with open(os.path.join(out, "gdn_sweep.json"), "w") as f:
-            json.dump({"rows": log, "picked": over}, f, indent=1)
+        _report(variant, rows, log, over, out)
     for variant, alts in SWEEP_SMALL.items():  # batch 1: the fastest whole configuration
         base = SMALL[variant]
         rows = sweep_configs(model, 1, window, variant, [base] + [{**base, **o} for o in alts],
@@ -273,12 +279,7 @@ def sweep(model: str, window: int, out: str, deadline: float | None = None) -> d
             if best else {}
         for k in ("us_per_step", "us_output", "us_flush", "us_commit"):
             over[key].pop(k, None)
-        print(f"sweep {key}: picked {over[key]}")
-        for r in rows:
-            print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()},
-                  flush=True)
-        with open(os.path.join(out, "gdn_sweep.json"), "w") as f:
-            json.dump({"rows": log, "picked": over}, f, indent=1)
+        _report(key, rows, log, over, out)
     return over
 
 
@@ -327,6 +328,15 @@ def _wait_tests(proc, out: str) -> None:
     print(f"tests: exit {rc}", *tail, sep="\n  ", flush=True)
 
 
+PHASES = ("warm", "diag", "sweep", "bench")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -348,9 +358,17 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.0,
                     help="seconds from the start after which no new timing starts (0: none)")
     args = ap.parse_args()
+    phases = args.phase.split(",")
+    bad = [p for p in phases if p not in PHASES]
+    if bad:
+        ap.error(f"unknown phase(s) {', '.join(bad)}; known: {', '.join(PHASES)}")
+    bad = [v for v in args.sweep_variants or () if v not in LARGE]
+    if bad:
+        ap.error(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(LARGE)}")
+    if args.device == "cuda" and not _has_cuda():
+        ap.error("no CUDA GPU here: the GDN kernel benchmark needs one (--device cuda)")
     os.makedirs(args.out, exist_ok=True)
     deadline = time.time() + args.budget if args.budget else None
-    phases = args.phase.split(",")
     tests = _start_tests(args.out, args.tests) if args.tests else None
     if args.sweep_variants is not None:
         for v in list(SWEEP):
@@ -399,8 +417,10 @@ def main() -> None:
         stream.close()
         print(f"bench: {time.time() - t0:.1f}s", dict(ds.attrs))
         print(table(ds))
-        with open(os.path.join(args.out, "gdn_bench.json"), "w") as f:
-            json.dump(ds.to_dict(data="list"), f, default=float)
+        from precisionlab.atomic import write_json
+
+        write_json(os.path.join(args.out, "gdn_bench.json"), ds.to_dict(data="list"),
+                   default=float)
     sys.stdout.flush()
 
 

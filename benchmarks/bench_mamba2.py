@@ -67,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     kernels = tuple(args.kernels or KERNELS)
+    bad = [k for k in kernels if k not in KERNELS]
+    if bad:
+        ap.error(f"unknown kernel(s) {', '.join(bad)}; known: {', '.join(KERNELS)}")
+    import torch
+
+    if not torch.cuda.is_available():
+        ap.error("the Mamba-2 kernel benchmark needs a CUDA GPU")
     if args.phase == "warm":
         n = warm_mamba2(args.models, batches=[args.tune_batch], window=args.windows[0],
                         kernels=kernels, shard=args.shard, shards=args.shards)
@@ -79,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     res = bench_mamba2_results(ds)
     res["attrs"]["command"] = " ".join(sys.argv)
     res["attrs"]["wall_s"] = round(time.time() - t0, 1)
-    with open(args.out, "w") as fh:
-        json.dump(res, fh, indent=1, default=float)
+    from precisionlab.atomic import write_json
+
+    write_json(args.out, res, indent=1, default=float)
     if args.nc:
         from precisionlab.export import save_result
 

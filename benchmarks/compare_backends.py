@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from precisionlab.atomic import write_json
 from precisionlab.studies import drift
 
 FORMATS = ["fp8-e4m3", "nvfp4"]
@@ -53,11 +54,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     results = [compare(m, args.steps, args.batch, args.checkpoint_format) for m in args.models]
-    text = json.dumps(results, indent=2)
-    print(text)
+    print(json.dumps(results, indent=2))
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
+        write_json(args.out, results, indent=2)
 
 
 if __name__ == "__main__":

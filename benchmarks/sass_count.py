@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import subprocess
@@ -312,7 +311,9 @@ def main(argv=None) -> int:
                 fname = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{name}_{fn.__name__}") + ".sass"
                 (d / fname).write_text(sass)
     if a.json:
-        Path(a.json).write_text(json.dumps({"model": a.model, "rows": rows}, indent=1))
+        from precisionlab.atomic import write_json
+
+        write_json(a.json, {"model": a.model, "rows": rows}, indent=1)
     return 0
 
 

@@ -16,7 +16,6 @@ other grid's branch left out, so their counts compare.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -162,8 +161,9 @@ def main(argv=None) -> int:
             print(f"{name:44s} sass {row['sass']:6d}  regs {row['regs']!s:>4s}  spills "
                   f"{row['spills']!s:>5s}  loops {row['loops']}", flush=True)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"model": a.model, "rows": rows}, f, indent=1)
+        from precisionlab.atomic import write_json
+
+        write_json(a.json, {"model": a.model, "rows": rows}, indent=1)
     return 0
 
 

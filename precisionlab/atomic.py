@@ -3,6 +3,7 @@ interrupted write never leaves a partial result behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -37,3 +38,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def write_json(path: str | os.PathLike, obj, **dump_kw) -> None:
+    """``json.dump(obj, ..., **dump_kw)`` into ``path`` through :func:`atomic_path`."""
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        json.dump(obj, fh, **dump_kw)
