@@ -174,14 +174,19 @@ def mamba2_kernel(
                 tl.store(out_b + k * s_ot + h * P + rows, 0.0, mask=rows < P)
         return
     mat0 = slot.to(tl.int64) * H
-    # first state tile of the output path (raw codes): depends on the slot only
+    # first state tile of the output path (raw codes): depends on the slot only (and,
+    # in a split step's output launch, on the row's position: none at its flush)
     h_0, rows_0 = _tile_rows(0, h0, H, NPB, BLOCK_P)
-    cc, cs1, cs2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, rows_0 < P, P, RD_FMT,
+    m_0 = rows_0 < P
+    if OUT_ONLY:  # output launch of a split step: ring_len holds pos[row]
+        c_out = tl.load(ring_len + b)
+        m_0 = m_0 & (c_out != L - 1)
+    cc, cs1, cs2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h_0, rows_0, m_0, P, RD_FMT,
                               BLOCK_P, N)
 
     if MODE == K_MODE_STEP:
-        if OUT_ONLY:  # output launch of a split step: ring_len holds pos[row]
-            c = tl.load(ring_len + b)
+        if OUT_ONLY:
+            c = c_out
             t = 0
         else:
             clock = tl.load(tickets + slot)  # advanced at the program's end, after a barrier

@@ -128,3 +128,13 @@ def bandwidth(nbytes: int = 2 << 30, device: torch.device | str = "cuda",
     return {"copy_TBps": 2 * nbytes / copy_us / 1e6, "read_TBps": nbytes / read_us / 1e6,
             "torch_copy_TBps": 2 * nbytes / torch_copy_us / 1e6,
             "copy_us": copy_us, "read_us": read_us, "bytes": float(nbytes)}
+
+
+def stagger_clocks(tickets: torch.Tensor, window: int, per_step: int) -> None:
+    """Start slot b's replay clock at ring position ``b mod window`` (``per_step`` clock
+    ticks per decode step), as when a server admits sequences on different steps:
+    each step then flushes about ``1 / window`` of the batch instead of all of it at
+    once every ``window`` steps."""
+    n = tickets.numel()
+    pos = torch.arange(n, device=tickets.device) % window
+    tickets.copy_((pos * per_step).to(tickets.dtype))

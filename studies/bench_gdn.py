@@ -37,6 +37,7 @@ VARIANTS = ("conventional", "fla", "replay-fp32", "split-fp32-fp8", "split-fp16s
             "verify-T4")
 DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
            "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
+PHASES = ("aligned", "staggered")
 STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
                "fp8-e4m3": 1.0, "nvfp4": 0.5, "mxfp4": 0.5}
 
@@ -145,6 +146,14 @@ class Clock:
             return self.timer.median(g, self.reps)
         return statistics.median(self._wall(g, 3))
 
+    def run(self, g, n: int) -> None:
+        """``n`` untimed steps."""
+        if self.device.type == "cuda":
+            self.timer.replays(g, n)
+        else:
+            for _ in range(n):
+                g()
+
     def cycle(self, g, period: int, rounds: int) -> list[float]:
         if self.device.type == "cuda":
             return self.timer.cycle(g, period, rounds)
@@ -234,10 +243,19 @@ def time_fla(s: Shape, clock: Clock) -> float:
 
 def time_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
                 rounds: int = 3, cfg: dict | None = None) -> list[float]:
-    """Per-ring-position medians (positions 0 .. L-2 output steps, L-1 the flush)."""
+    """Per-ring-position medians (positions 0 .. L-2 output steps, L-1 the flush).
+
+    ``cfg["phases"]`` (not a cache keyword): "aligned" (default: every sequence starts
+    at ring position 0, so the whole batch flushes at the same step) or "staggered"
+    (sequence b starts at position b mod L, as when a server admits sequences on
+    different steps: every step flushes about 1/L of the batch; the medians are then
+    per step of the cycle, not per ring position)."""
     from precisionlab.kernels.gdn_decode import GDNReplayCache
 
-    cfg = cfg or {}
+    cfg = dict(cfg or {})
+    phases = cfg.pop("phases", "aligned")
+    if phases not in PHASES:
+        raise BenchError(f"phases must be one of {', '.join(PHASES)}, got {phases!r}")
     x = _inputs(s, clock.device)
     cache = GDNReplayCache(s.batch, s.HK, s.HV, s.K, s.V, window=L, checkpoint=ckpt,
                            read=read, device=clock.device, **cfg)
@@ -247,7 +265,13 @@ def time_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
     g = clock.graph(lambda: cache.step(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"],
                                        x["dt_bias"], idx, out=out))
     cache.counters.reset()  # the warm-up call advanced the ring
+    if phases == "staggered":
+        from precisionlab.timing import stagger_clocks
+
+        stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
+        clock.run(g, L)  # one untimed window: every ring entry written once
     return clock.cycle(g, L, rounds)
+
 
 
 def time_verify(s: Shape, clock: Clock, T: int, L: int, cfg: dict | None = None

@@ -263,11 +263,13 @@ class _Runner:
             SplitConfig,
             mamba2_step,
         )
-        from precisionlab.timing import capture
+        from precisionlab.timing import capture, stagger_clocks
 
         cfg = _as_replay_cfg(cfg)
         launch = cfg.get("launch")
-        split_cfg = SplitConfig(**{k: v for k, v in cfg.items() if k != "launch"})
+        phases = cfg.get("phases", "aligned")
+        split_cfg = SplitConfig(**{k: v for k, v in cfg.items()
+                                   if k not in ("launch", "phases")})
         cache = Mamba2Cache.allocate(prob.batch, prob.H, prob.P, prob.N, prob.G,
                                      checkpoint_format=ck, read_format=rd, window=L,
                                      device=prob.device, seed=1, launch=launch,
@@ -291,6 +293,8 @@ class _Runner:
         g = capture(fn)
         for t in (cache.ring_len, cache.steps, cache.tickets):
             t.zero_()
+        if phases == "staggered" and cache.launch == "split":  # the clock counts steps
+            stagger_clocks(cache.tickets[:prob.batch], L, 1)
         self.timer.replays(g, L)  # one untimed window; back at ring position 0
         return self.timer.cycle(g, L, self.rounds)
 

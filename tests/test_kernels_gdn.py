@@ -39,6 +39,7 @@ from precisionlab.kernels.tl_formats import (  # noqa: E402
 from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import gdn  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
+from precisionlab.timing import stagger_clocks  # noqa: E402
 from precisionlab.traces import SyntheticTrace  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, interpreter only
@@ -449,7 +450,81 @@ def test_verify_and_commit_flush_on_a_read_copy(vl: str, fcfg: dict, read: str,
     assert_bits(cache.read, cache.fresh, 4, 2 * T - 1, live)
 
 
+def _staggered_cache(B: int, L: int, **kw) -> GDNReplayCache:
+    cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint="fp32", read="fp8-e4m3",
+                           device=DEV, block_v=16, out_block_v=16, **kw)
+    cache.reset(state0(B))
+    stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
+    return cache
+
+
+def test_staggered_phases_staged_equals_fused() -> None:
+    """Sequences at different ring positions (admitted on different steps): at every
+    step some rows flush while the others output.  The staged launches (a flushing
+    row's programs of the prep and output launches do nothing) give the fused launch's
+    outputs, clocks and checkpoints."""
+    B, L = 3, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=5)
+    idx = torch.arange(B, dtype=torch.int32, device=DEV)
+    res = {}
+    for launch in ("fused", "staged"):
+        cache = _staggered_cache(B, L, launch=launch)
+        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx) for r in raws]
+        res[launch] = outs, cache.ring_len.tolist(), cache.ckpt.codes.clone()
+    for a, b in zip(res["fused"][0], res["staged"][0], strict=True):
+        assert rel(a, b) < 1e-6
+    assert res["fused"][1] == res["staged"][1] == [(2 * L + 1 + b) % L for b in range(B)]
+    assert rel(res["staged"][2], res["fused"][2]) < 1e-6
+
+
+def test_gdn_bench_times_staggered_phases() -> None:
+    """The GDN benchmark's replay timer with staggered phases and the concurrent flush
+    (off a GPU: the sequential launches, in the Triton interpreter) on a small shape:
+    one time per step of the window; a bad phase is one error."""
+    from precisionlab.studies import bench_gdn as bg
+
+    s = bg.Shape("tiny", 3, HK, HV, K, V)
+    clock = bg.Clock(DEV, reps=1)
+    cfg = {"phases": "staggered", "launch": "staged", "block_v": 16, "out_block_v": 16,
+           "concurrent_flush": True}
+    pos = bg.time_replay(s, clock, "fp32", "fp8-e4m3", 3, 1, cfg)
+    assert len(pos) == 3 and all(p > 0 for p in pos)
+    assert cfg["phases"] == "staggered"  # the caller's dict is not consumed
+    with pytest.raises(bg.BenchError, match="phases"):
+        bg.time_replay(s, clock, "fp32", None, 3, 1, {"phases": "random"})
+
+
 # ---------------------------------------------------------------- GPU only
+@pytest.mark.skipif(DEVICE != "cuda", reason="streams and CUDA graphs need a GPU")
+def test_concurrent_flush_equals_sequential_in_a_graph() -> None:
+    """The flush launch on its own stream (``concurrent_flush``), captured in a CUDA
+    graph, writes the same bits as the sequential staged step, with rows at different
+    ring positions so that flushes and outputs share steps."""
+    B, L = 4, 3
+    kind, params, raws = setup(steps=1, batch=B, seed=6)
+    idx = torch.arange(B, dtype=torch.int32, device=DEV)
+    a = args(raws[0])
+    res = {}
+    for conc in (False, True):
+        cache = _staggered_cache(B, L, launch="staged", concurrent_flush=conc)
+        out = torch.empty(B, HV, V, device=DEV)
+        cache.step(*a, params.A_log, params.dt_bias, idx, out=out)  # compile
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            cache.step(*a, params.A_log, params.dt_bias, idx, out=out)
+        cache.reset(state0(B))
+        stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
+        outs = []
+        for _ in range(2 * L + 1):
+            g.replay()
+            outs.append(out.clone())
+        res[conc] = outs, cache.ckpt.codes.clone(), cache.read.codes.clone()
+    for x, y in zip(res[False][0], res[True][0], strict=True):
+        assert torch.equal(x, y)
+    assert torch.equal(res[False][1], res[True][1])
+    assert torch.equal(res[False][2], res[True][2])
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
 def test_cuda_graph_replay_walks_the_window() -> None:
     kind, params, raws = setup(steps=1, batch=2, seed=4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 
 import precisionlab
@@ -88,3 +89,13 @@ def test_default_preset_split_beats_shared():
     assert float(ratio.sel(format="nvfp4")) > 2.0, ratio.values
     growth = ds["growth"].sel(window=16)
     assert float(growth.sel(design="shared").min()) > float(growth.sel(design="split").max())
+
+
+def test_stagger_clocks_spreads_ring_positions() -> None:
+    from precisionlab.timing import stagger_clocks
+
+    t = torch.full((7,), 99, dtype=torch.int32)
+    stagger_clocks(t, 3, 4)
+    assert t.tolist() == [0, 4, 8, 0, 4, 8, 0]
+    assert ((t // 4) % 3).tolist() == [0, 1, 2, 0, 1, 2, 0]
+

@@ -1,0 +1,93 @@
+"""One window of replay steps under a profiler: the driver for hardware-counter runs
+(Nsight Compute) of the Mamba-2 and GDN replay kernels.
+
+The design's kernels are compiled in a first, unprofiled window; the profiled window
+that follows runs ``--window`` plain launches (L - 1 output steps, then the flush)
+between ``cudaProfilerStart`` / ``cudaProfilerStop``, so a profiler started with
+``--profile-from-start off`` sees exactly one window.  Pick kernels and launches with
+the profiler's own filters, e.g. the flush of a Mamba-2 fp8 split design:
+
+    ncu --profile-from-start off --clock-control none -k regex:m2_flush \\
+        --launch-skip 15 --launch-count 1 --section SpeedOfLight \\
+        python benchmarks/profile_steps.py --kind mamba2 --design split-fp32-fp8
+
+Exit 2 with one line on bad arguments or without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
+           "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
+MODELS = {"mamba2": "nemotron-3-nano-4b", "gdn": "qwen3.5-4b"}
+
+
+def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device):
+    from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache, mamba2_step
+    from precisionlab.studies.bench_mamba2 import _Problem
+
+    prob = _Problem(model, batch, device)
+    cache = Mamba2Cache.allocate(batch, prob.H, prob.P, prob.N, prob.G, checkpoint_format=ck,
+                                 read_format=rd, window=L, device=device, seed=1)
+    cache.load_state(prob.state())
+    inp = prob.step_inputs()
+    head = HeadParams(prob.A, prob.D, prob.dt_bias)
+    out = torch.empty_like(inp["x"])
+    return lambda: mamba2_step(cache, inp["x"], inp["dt"], inp["B"], inp["C"], head,
+                               z=inp["z"], dt_softplus=True, out=out)
+
+
+def _gdn_step(model: str, batch: int, ck: str, rd: str | None, L: int, device):
+    from precisionlab.kernels.gdn_decode import GDNReplayCache
+    from precisionlab.studies.bench_gdn import _inputs, _state0, shape_of
+
+    s = shape_of(model, batch)
+    x = _inputs(s, device)
+    cache = GDNReplayCache(s.batch, s.HK, s.HV, s.K, s.V, window=L, checkpoint=ck, read=rd,
+                           device=device)
+    cache.reset(_state0(s, device))
+    idx = torch.arange(s.batch, dtype=torch.int32, device=device)
+    out = torch.empty(s.batch, s.HV, s.V, device=device)
+    return lambda: cache.step(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"],
+                              x["dt_bias"], idx, out=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kind", choices=sorted(MODELS), default="mamba2")
+    ap.add_argument("--model", default=None, help="preset (default: nano-4b / qwen3.5-4b)")
+    ap.add_argument("--design", choices=sorted(DESIGNS), default="split-fp32-fp8")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--window", type=int, default=16)
+    args = ap.parse_args(argv)
+    if args.batch < 1 or args.window < 2:
+        ap.error("--batch must be >= 1 and --window >= 2")
+    if not torch.cuda.is_available():
+        print("profile_steps: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    ck, rd = DESIGNS[args.design]
+    build = _mamba2_step if args.kind == "mamba2" else _gdn_step
+    step = build(args.model or MODELS[args.kind], args.batch, ck, rd, args.window, device)
+    for _ in range(args.window):  # compile every branch; back at ring position 0
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for _ in range(args.window):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
