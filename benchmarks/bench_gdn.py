@@ -83,7 +83,11 @@ _FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {**_UNITS, "flush_ctas
 # assume 2 v-heads per k-head (qwen3.5).
 SWEEP = {
     "replay-fp32": _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS],
-    "split-fp32-fp8": _OUT_ALTS["split-fp32-fp8"][:2] + _FLUSH_ALTS[:2] + _FLUSH_SPLIT,
+    # prep launch (11.7 us of a ~95 us output step, 1.7 waves of 2-warp programs on an
+    # H200, Nsight Compute): 1 or 4 warps
+    "split-fp32-fp8": _OUT_ALTS["split-fp32-fp8"][:2] + [{"prep_num_warps": 1},
+                                                         {"prep_num_warps": 4}]
+    + _FLUSH_ALTS[:2] + _FLUSH_SPLIT,
     "split-fp16sr-nvfp4": _OUT_ALTS["split-fp16sr-nvfp4"][:2]
     + [{"flush_licm": True}, {"flush_pass": "recompute"}] + _FLUSH_SPLIT,
     # staged-dot: all drafts' reductions of a state tile as one tensor-core product

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from precisionlab.presets import get_preset  # noqa: E402
+
 DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
            "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
 MODELS = {"mamba2": "nemotron-3-nano-4b", "gdn": "qwen3.5-4b"}
@@ -71,13 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.batch < 1 or args.window < 2:
         ap.error("--batch must be >= 1 and --window >= 2")
+    model = args.model or MODELS[args.kind]
+    try:
+        kind = get_preset(model).kind
+    except KeyError as e:
+        ap.error(str(e).strip("'\""))
+    if kind != args.kind:
+        ap.error(f"--model {model} is a {kind} model, not {args.kind}")
     if not torch.cuda.is_available():
         print("profile_steps: needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     ck, rd = DESIGNS[args.design]
     build = _mamba2_step if args.kind == "mamba2" else _gdn_step
-    step = build(args.model or MODELS[args.kind], args.batch, ck, rd, args.window, device)
+    step = build(model, args.batch, ck, rd, args.window, device)
     for _ in range(args.window):  # compile every branch; back at ring position 0
         step()
     torch.cuda.synchronize()

@@ -1,0 +1,40 @@
+"""The benchmark scripts' argument checks: one usage line and exit 2, before any GPU
+work or output file (they run on a CPU-only machine too)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, cwd=tmp, timeout=300)
+
+
+@pytest.mark.parametrize("script,args,msg", [
+    ("bench_phases.py", ["--batch", "4"], "--batch must be >= 16"),
+    ("bench_phases.py", ["--gdn", "nemotron-3-nano-4b"], "is a mamba2 model"),
+    ("bench_phases.py", ["--mamba2", "no-such-model"], "unknown model"),
+    ("profile_steps.py", ["--window", "1"], "--window >= 2"),
+    ("profile_steps.py", ["--design", "fp64"], "invalid choice"),
+    ("profile_steps.py", ["--kind", "gdn", "--model", "nemotron-3-nano-4b"], "is a mamba2"),
+    ("profile_steps.py", ["--model", "no-such-model"], "unknown model"),
+])
+def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
+    r = run(script, *args, tmp=tmp_path)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_phases_without_gpu_exits_2(tmp_path: Path) -> None:
+    if __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is present")
+    out = tmp_path / "phases.json"
+    r = run("bench_phases.py", "--out", str(out), tmp=tmp_path)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not out.exists()
