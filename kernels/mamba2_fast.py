@@ -102,6 +102,17 @@ def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, d
     return tl.where(m[:, None], Sn, 0.0)
 
 
+@triton.jit
+def _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
+               HAS_Z: tl.constexpr):
+    """The step's output rows from the fresh state (gated)."""
+    y = tl.sum(Sn * C_t[None, :], axis=1)
+    z_c = 0.0
+    if HAS_Z:
+        z_c = tl.load(z_ptr + bidx * s_zb + h * P + rows, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + bidx * s_ob + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
+
+
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
 def m2_flush_kernel(
     ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr,
@@ -114,7 +125,7 @@ def m2_flush_kernel(
     SPLIT: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
-    ONE_PASS: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -135,6 +146,11 @@ def m2_flush_kernel(
     offs_r = tl.arange(0, RB)
     HP = H * P
     c = L - 1
+    C4: tl.constexpr = CK_FMT == K_NVFP4
+    R4: tl.constexpr = SPLIT and (RD_FMT == K_NVFP4)
+    SCR: tl.constexpr = SCRATCH and NEED_AMAX and not ONE_PASS
+    if SCR:
+        scr_p = scr + pid.to(tl.int64) * (FB * NQ * N)
     u = pid
     while u < units:
         j = u // (H * UPH)
@@ -167,33 +183,63 @@ def m2_flush_kernel(
         amax = 0.0
         # ONE_PASS (FAST_ENC, the whole head in one chunk): the encoder takes the amax
         # from the chunk itself (one fold, no second pass)
-        if NEED_AMAX and not ONE_PASS:  # nvfp4: the whole matrix's amax first
-            for q in range(NQ):
+        if SCR:  # nvfp4, scratch pass: fold once; what needs no amax is written now
+            for q in tl.range(0, NQ, num_stages=NSF):
                 rows = r0 + q * FB + tl.arange(0, FB)
                 m = rows < P
                 x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
                 Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
                            decay, eB, x_c, CK_FMT, FB, N, RING)
                 amax = tl.maximum(amax, matrix_amax(Sn))
-        for q in tl.range(0, NQ, num_stages=NSF):
-            rows = r0 + q * FB + tl.arange(0, FB)
-            m = rows < P
-            x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
-            Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
-                       decay, eB, x_c, CK_FMT, FB, N, RING)
-            y = tl.sum(Sn * C_t[None, :], axis=1)
-            z_c = 0.0
-            if HAS_Z:
-                z_c = tl.load(z_ptr + bidx * s_zb + h * P + rows, mask=m, other=0.0)
-                z_c = z_c.to(tl.float32)
-            tl.store(out_ptr + bidx * s_ob + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
-            store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
-                       HW_CVT, FAST_ENC, ONE_PASS)
-            if SPLIT:
-                store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB,
-                           N, HW_CVT, FAST_ENC, ONE_PASS)
-            if WRITE_FRESH:
-                tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
+                _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
+                           HAS_Z)
+                if not C4:
+                    store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax,
+                               CK_FMT, FB, N, HW_CVT, FAST_ENC)
+                if SPLIT and not R4:
+                    store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
+                               RD_FMT, FB, N, HW_CVT, FAST_ENC)
+                if WRITE_FRESH:
+                    tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
+                             mask=m[:, None])
+                tl.store(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N), Sn)
+            tl.debug_barrier()  # the scratch rows are read back by other threads
+            for q in tl.range(0, NQ, num_stages=NSF):  # the nvfp4 copies from the scratch
+                rows = r0 + q * FB + tl.arange(0, FB)
+                m = rows < P
+                Sn = tl.load(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N))
+                if C4:
+                    store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax,
+                               CK_FMT, FB, N, HW_CVT, FAST_ENC)
+                if R4:
+                    store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
+                               RD_FMT, FB, N, HW_CVT, FAST_ENC)
+            tl.debug_barrier()  # the next unit rewrites the scratch rows
+        else:
+            if NEED_AMAX and not ONE_PASS:  # nvfp4: the whole matrix's amax first
+                for q in range(NQ):
+                    rows = r0 + q * FB + tl.arange(0, FB)
+                    m = rows < P
+                    x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
+                    Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c,
+                               w, decay, eB, x_c, CK_FMT, FB, N, RING)
+                    amax = tl.maximum(amax, matrix_amax(Sn))
+            for q in tl.range(0, NQ, num_stages=NSF):
+                rows = r0 + q * FB + tl.arange(0, FB)
+                m = rows < P
+                x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
+                Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
+                           decay, eB, x_c, CK_FMT, FB, N, RING)
+                _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
+                           HAS_Z)
+                store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT,
+                           FB, N, HW_CVT, FAST_ENC, ONE_PASS)
+                if SPLIT:
+                    store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
+                               RD_FMT, FB, N, HW_CVT, FAST_ENC, ONE_PASS)
+                if WRITE_FRESH:
+                    tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
+                             mask=m[:, None])
         u += nprog
 
 

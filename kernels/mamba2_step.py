@@ -74,7 +74,10 @@ class SplitConfig:
     programs per SM), ``flush_maxnreg`` (0 = none), ``flush_encoder`` ("fast", the
     default: the nvfp4 encoder of ``tl_mamba2_fast.nvfp4_encode_fast``, and one fold
     per head where ``flush_rows >= headdim``; "ref": the ``tl_formats`` encoders; the
-    same bits either way; fast measured 2365 -> 2052 us per nvfp4 flush on an H200).
+    same bits either way; fast measured 2365 -> 2052 us per nvfp4 flush on an H200),
+    ``flush_pass`` (nvfp4 folded in several chunks: "recompute", the default, folds
+    every chunk twice -- the matrix amax first -- or "scratch": one fold whose fp32 rows
+    wait in an L2-resident per-program scratch for the nvfp4 encode; the same bits).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -92,6 +95,7 @@ class SplitConfig:
     maxnreg: int | None = None
     flush_maxnreg: int | None = None
     flush_encoder: str = "fast"
+    flush_pass: str = "recompute"
 
 
 _SMS: dict[str, int] = {}
@@ -136,6 +140,8 @@ class Mamba2Cache:
     launch: str = "fused"
     split_config: SplitConfig = field(default_factory=SplitConfig)
     pos: torch.Tensor | None = None
+    flush_scratch: torch.Tensor | None = None
+    """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
 
     @classmethod
     def allocate(
@@ -377,6 +383,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     kind = cfg.out_kernel or ("group" if wide else "heads")
     if cfg.flush_encoder not in ("ref", "fast"):
         raise ValueError(f"flush_encoder must be 'ref' or 'fast', got {cfg.flush_encoder!r}")
+    if cfg.flush_pass not in ("recompute", "scratch"):
+        raise ValueError(f"flush_pass must be 'recompute' or 'scratch', got "
+                         f"{cfg.flush_pass!r}")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
     if kind == "group":
@@ -452,6 +461,13 @@ def launch_split_step(
     uph = triton.cdiv(P, fb * nq)
     nprog = max(1, min(batch * H * uph, _sm_count(x.device) * cfg.flush_ctas_per_sm))
     extra = {"maxnreg": cfg.flush_maxnreg} if cfg.flush_maxnreg else {}
+    one_pass = cfg.flush_encoder == "fast" and need_amax and nq == 1
+    scratch = cfg.flush_pass == "scratch" and need_amax and not one_pass
+    if scratch:
+        n = nprog * fb * nq * N
+        if cache.flush_scratch is None or cache.flush_scratch.numel() < n or \
+                cache.flush_scratch.device != x.device:
+            cache.flush_scratch = torch.empty(n, dtype=torch.float32, device=x.device)
     m2_flush_kernel[(nprog,)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
@@ -463,8 +479,8 @@ def launch_split_step(
         NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None,
         RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
         HW_CVT=x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1",
-        FAST_ENC=cfg.flush_encoder == "fast",
-        ONE_PASS=cfg.flush_encoder == "fast" and need_amax and nq == 1,
+        FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
+        scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
         num_warps=cfg.flush_warps, **flags, **extra,
     )
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program

@@ -39,6 +39,7 @@ from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import mamba2  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
 from precisionlab.speculative import SpeculativeDecoder  # noqa: E402
+from precisionlab.timing import stagger_clocks  # noqa: E402
 from precisionlab.traces import SyntheticTrace  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, interpreter only
@@ -163,7 +164,10 @@ DESIGNS_SPLIT = [
 # 24-row head; the split cases above run it in two passes of 16-row chunks) and the
 # reference encoders of tl_formats ("ref")
 FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
-            "split-fastenc-1pass": SplitConfig(flush_encoder="fast", flush_rows=32)}
+            "split-fastenc-1pass": SplitConfig(flush_encoder="fast", flush_rows=32),
+            # the nvfp4 copy encoded from a scratch of the one fold's fp32 rows
+            "split-scratch": SplitConfig(flush_pass="scratch"),
+            "split-scratch-refenc": SplitConfig(flush_pass="scratch", flush_encoder="ref")}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
             if "nvfp4" in (d.checkpoint_format, d.read_format)])
@@ -256,6 +260,41 @@ def test_replay_slots_padding_and_bf16_inputs(variant) -> None:
         assert torch.all(y[~keep] == 0)
     assert cache.committed().tolist() == [0, 1, 0, 0, 1]
     assert cache.steps_taken().tolist() == [0, 4, 0, 0, 4]
+
+
+def test_split_step_with_staggered_phases_equals_fused() -> None:
+    """Slots at different ring positions (admitted on different steps): every step some
+    rows flush while the others output.  The split launches (nvfp4 read copy, scratch
+    flush pass) give the one-launch kernel's outputs, checkpoints and clocks."""
+    L, batch = 3, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=9)
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    res = {}
+    for launch in ("fused", "split"):
+        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp16-sr",
+                                     read_format="nvfp4", window=L, device=DEV, seed=3,
+                                     launch=launch,
+                                     split_config=SplitConfig(flush_pass="scratch"))
+        cache.load_state(state0(batch))
+        stagger_clocks(cache.tickets, L, cache.programs_per_slot)
+        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                          dt_softplus=True) for r in raws]
+        res[launch] = ys, cache.committed().tolist(), cache.ckpt.decode(), cache.read.codes
+    for a, b in zip(res["fused"][0], res["split"][0], strict=True):
+        assert rel(a, b) < 1e-3  # fp16-sr/nvfp4 copies: a code can flip on a last bit
+    assert res["fused"][1] == res["split"][1] == [(2 * L + 1 + b) % L for b in range(batch)]
+    assert rel(res["split"][2], res["fused"][2]) < 1e-3
+
+
+def test_split_config_rejects_unknown_flush_pass() -> None:
+    cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
+                                 read_format="nvfp4", window=2, device=DEV, launch="split",
+                                 split_config=SplitConfig(flush_pass="twice"))
+    kind, params, raws = setup(steps=1, batch=2)
+    r = raws[0]
+    with pytest.raises(ValueError, match="flush_pass must be"):
+        mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
+                    HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
 
 
 # ------------------------------------------------------- fast nvfp4 flush encoder
