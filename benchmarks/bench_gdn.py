@@ -71,25 +71,30 @@ _OUT_ALTS = {"replay-fp32": [{"out_block_v": 32, "out_num_warps": 2},
                                 {"out_block_v": 32, "out_num_warps": 4}],
              "split-fp16sr-nvfp4": [{"out_block_v": 32, "out_num_warps": 2},
                                     {"out_block_v": 16, "out_num_warps": 1}]}
-_FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": True}]
+# (loop-invariant code motion in the flush's chunk loop is on by default for fp32 and
+# 1-byte copies since the fourth H200 run; off is the alternative)
+_FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": False}]
 # flush alternatives of the split designs (measured on the H200, qwen3.5-4b, batch 256:
-# one program per unit ("units") flushes faster -- nvfp4 1233 against 1356 us -- but its
-# launch costs every output step ~9-14 us when nothing flushes; 168 registers and 3
-# programs per SM were the defaults before the 128 / 4 of the last sweep)
+# one program per unit ("units") flushes faster -- nvfp4 1233 against 1356 us -- and its
+# empty launch, ~9-14 us on the main stream, runs beside the output step since the
+# flush has its own stream: the nvfp4 default since the fourth run; 168 registers and 3
+# programs per SM were the defaults before the 128 / 4 of the third)
 _UNITS = {"flush_grid": "units"}
-_FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {**_UNITS, "flush_ctas_per_sm": 3},
-                {"fast_encode": False}]
+_PERSISTENT = {"flush_grid": "persistent"}
+_FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}]
 # alternatives tried at (first model, batch 256, first window).  Tile counts per program
 # assume 2 v-heads per k-head (qwen3.5).
 SWEEP = {
     "replay-fp32": _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS],
     # prep launch (11.7 us of a ~95 us output step, 1.7 waves of 2-warp programs on an
-    # H200, Nsight Compute): 1 or 4 warps
-    "split-fp32-fp8": _OUT_ALTS["split-fp32-fp8"][:2] + [{"prep_num_warps": 1},
+    # H200, Nsight Compute): 1 warp (the default since the fourth run: 156.8 -> 155.0
+    # us per step), 2 or 4
+    "split-fp32-fp8": _OUT_ALTS["split-fp32-fp8"][:2] + [{"prep_num_warps": 2},
                                                          {"prep_num_warps": 4}]
-    + _FLUSH_ALTS[:2] + _FLUSH_SPLIT,
+    + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}],
     "split-fp16sr-nvfp4": _OUT_ALTS["split-fp16sr-nvfp4"][:2]
-    + [{"flush_licm": True}, {"flush_pass": "recompute"}] + _FLUSH_SPLIT,
+    + [{"flush_licm": True}, {"flush_pass": "recompute"}, _PERSISTENT,
+       {**_PERSISTENT, "maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}],
     # staged-dot: all drafts' reductions of a state tile as one tensor-core product
     # (593 -> 328 us against "staged" in the first timed sweep)
     "verify-T4": [{"verify_launch": "staged", "verify_block_v": 32, "verify_num_warps": 2},

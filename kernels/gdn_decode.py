@@ -51,7 +51,12 @@ the output loop (results unused) and then flush their own tiles; ``"split"`` -- 
 persistent flush launch over the flushing slots' units (it returns at once where
 nothing flushes, and leaves a per-row flag), then the output launch, whose programs
 of flushing slots load nothing and only advance the clock.  The fused kernel
-carries the flush path's registers, so large batches use "split".
+carries the flush path's registers, so large batches use "split", or "staged" (the
+default there): the flush launch, a prep launch that reads and advances the clock
+(one program per sequence and k-head) and an output launch that skips flushing rows.
+On a GPU the staged flush launch runs on a second stream beside the other two
+(``concurrent_flush``): they touch disjoint rows, and the prep launch's increments
+leave ``clock // HK`` unchanged while the flush reads it.
 
 **Verify** (T drafts from one read of the stored copy, kept packed in registers):
 draft j is an output step at ring position ``n + j``; drafts 0..j-1 join the
@@ -1198,11 +1203,16 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     capped at 128 registers, 4 programs per SM: nvfp4 split 225 -> 166 us per step, fp8
     split 171 -> 165); the staged prep launch uses plain (masked) ring loads (14.8 vs
     16.3 us eager); batch-1 verify programs of 4 warps (18.8 against 22.2 us with 2).
-    ``flush_grid="units"`` stays opt-in: its flushes are faster, but its launch costs
-    every output step ~14 us more when nothing flushes.  On a GPU the staged flush
+    The units flush grid (one program per unit) flushes faster, but on the main stream
+    its launch costs every output step ~14 us when nothing flushes.  On a GPU the staged flush
     launch runs on a second stream beside the prep and output launches
     (``concurrent_flush``: its empty launch leaves the critical path; 158.8 -> 154.5
-    us per fp8 split step, 204.0 -> 201.5 replay fp32)."""
+    us per fp8 split step, 204.0 -> 201.5 replay fp32).  With the flush off the
+    critical path, the last sweep (same session) picked one-warp prep programs (fp8
+    156.8 -> 155.0 us per step), loop-invariant code motion in the flush's chunk loop
+    (fp8 -> 154.0, fp32 202.3 -> 201.3) and, for nvfp4 copies, the units grid (164.3
+    -> 161.4): each within ~2%, taken so that the defaults are the measured
+    configuration."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1220,9 +1230,9 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 verify_maxnreg=0, flush_ctas_per_sm=4,
                 out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
                 out_stages=1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
-                eager=False, prep_num_warps=2, verify_launch="staged-dot", flush_licm=False,
-                flush_grid="persistent", flush_pass="scratch", fast_encode=True,
-                concurrent_flush=True)
+                eager=False, prep_num_warps=1, verify_launch="staged-dot",
+                flush_licm=not whole, flush_grid="units" if whole else "persistent",
+                flush_pass="scratch", fast_encode=True, concurrent_flush=True)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:

@@ -75,9 +75,10 @@ class SplitConfig:
     default: the nvfp4 encoder of ``tl_mamba2_fast.nvfp4_encode_fast``, and one fold
     per head where ``flush_rows >= headdim``; "ref": the ``tl_formats`` encoders; the
     same bits either way; fast measured 2365 -> 2052 us per nvfp4 flush on an H200),
-    ``flush_pass`` (nvfp4 folded in several chunks: "recompute", the default, folds
-    every chunk twice -- the matrix amax first -- or "scratch": one fold whose fp32 rows
-    wait in an L2-resident per-program scratch for the nvfp4 encode; the same bits).
+    ``flush_pass`` (nvfp4 folded in several chunks: "scratch", the default, folds each
+    chunk once and its fp32 rows wait in an L2-resident per-program scratch for the
+    nvfp4 encode; "recompute" folds every chunk twice, the matrix amax first; the same
+    bits; H200, nano-4b: 2059 -> 1615 us per nvfp4 flush).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -95,7 +96,7 @@ class SplitConfig:
     maxnreg: int | None = None
     flush_maxnreg: int | None = None
     flush_encoder: str = "fast"
-    flush_pass: str = "recompute"
+    flush_pass: str = "scratch"
 
 
 _SMS: dict[str, int] = {}
@@ -372,12 +373,12 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     sweeps at batch 256, L = 16, nemotron-3-nano-4b / -super-120b shapes): an fp32 or
     16-bit read copy streams through the "group" output kernel (4 warps, 4 heads per
     program, 32-row tiles where they divide headdim, else 16); 1-byte and 4-bit copies
-    through 1-warp "heads" programs of 32-row tiles (4 heads, 1 for 4-bit; no pipeline
-    across heads: one stage measured 121 against 133 us per fp8 output step, one head
-    per nvfp4 program 138-148 against 159-179 us); flush chunks of 16 rows in a
-    3-stage pipeline (one stage for nvfp4, whose units fold each head twice), 4
-    persistent programs per SM, capped at 128 registers when a low-precision copy is
-    encoded."""
+    through 1-warp "heads" programs of 32-row tiles, one head each, capped at 80 (fp8)
+    / 96 (4-bit) registers so that 25 / 21 programs fit per SM instead of 16 (fp8
+    output step 121 -> 111 us on nano-4b, 135 -> 117 on super-120b); flush chunks of
+    16 rows in a 3-stage pipeline (one stage for nvfp4, whose units fold once into a
+    scratch and encode from it), 4 persistent programs per SM, capped at 128 registers
+    when a low-precision copy is encoded."""
     hpg = H // G
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
@@ -395,7 +396,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     bp = max(16, min(bp, triton.next_power_of_2(P)))
     npb = triton.cdiv(P, bp)
     nw = cfg.num_warps or (1 if kind == "heads" else 4)
-    want = 1 if (kind == "heads" and _BYTES_BY_ID[rd_id] < 1) else 4
+    narrow = _BYTES_BY_ID[rd_id] <= 1  # 1-byte and 4-bit copies
+    want = 1 if (kind == "heads" and narrow) else 4
     hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0 and d <= want)
                                     if kind != "tiles" else 1)
     if hpg % hpp:
@@ -410,7 +412,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),
                    flush_stages=cfg.flush_stages or (1 if need_amax else 3),
-                   maxnreg=cfg.maxnreg,
+                   maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
+                   ((96 if _BYTES_BY_ID[rd_id] < 1 else 80) if kind == "heads" and narrow
+                    and hpp == 1 else None),
                    flush_maxnreg=(0 if wide else 128) if cfg.flush_maxnreg is None
                    else cfg.flush_maxnreg)
 

@@ -65,17 +65,18 @@ CANDIDATES: dict[str, list] = {
     # SM by their registers (25% occupancy; fp8 at 60% of DRAM bandwidth, nvfp4 at 33%),
     # so fewer registers are tried: offline sm_90 counts in the comments
     "split-fp32-fp8": [
-        {**_H1, "heads_per_program": 4, "stages": 1},  # 126 registers
-        # one head per program: 99 registers; capped at 80 (no spill: 25 per SM)
-        {**_H1, "heads_per_program": 1, "stages": 1},
+        # one head per program capped at 80 registers (no spill: 25 per SM), the default
+        # since it measured 121 -> 111 us per output step (nano-4b)
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},
+        {**_H1, "heads_per_program": 4, "stages": 1},  # 126 registers
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 0},  # 99 registers
         {**_H1, "block_p": 16, "heads_per_program": 1, "stages": 1},  # 72 registers
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 2, "stages": 1, **_NF},
         {**_H1, "heads_per_program": 4, "stages": 1, **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, **_NF},  # 128 registers, no spill
-        # capped at 96 (no spill: 21 programs per SM instead of 16)
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 0, **_NF},  # 128 registers
+        # capped at 96 (no spill: 21 programs per SM instead of 16), the default
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
@@ -107,11 +108,11 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
     # programs per SM) took 4670-5325 us and are no longer tried
     # "scratch": one fold per chunk, the nvfp4 encode from an L2-resident scratch of its
     # fp32 rows (offline sm_90: 1677 instead of 2298 instructions per chunk, 32 instead
-    # of 116 bytes of spill under the 128-register cap)
+    # of 116 bytes of spill under the 128-register cap); "recompute" folds twice
     "split-fp16sr-nvfp4": [
-        _NF,
-        {**_NF, "flush_pass": "scratch"},
-        {**_NF, "flush_pass": "scratch", "flush_ctas_per_sm": 3, "flush_maxnreg": 168},
+        _NF,  # the scratch pass, the default since it measured 2059 -> 1615 us
+        {**_NF, "flush_pass": "recompute"},
+        {**_NF, "flush_ctas_per_sm": 3, "flush_maxnreg": 168},
         dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
         dict(flush_rows=32, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=0),
         dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=5, flush_maxnreg=96),

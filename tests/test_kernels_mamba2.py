@@ -165,9 +165,11 @@ DESIGNS_SPLIT = [
 # reference encoders of tl_formats ("ref")
 FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
             "split-fastenc-1pass": SplitConfig(flush_encoder="fast", flush_rows=32),
-            # the nvfp4 copy encoded from a scratch of the one fold's fp32 rows
-            "split-scratch": SplitConfig(flush_pass="scratch"),
-            "split-scratch-refenc": SplitConfig(flush_pass="scratch", flush_encoder="ref")}
+            # the nvfp4 copy encoded after a second fold instead of from the scratch of the
+            # first fold's fp32 rows (the default)
+            "split-recompute": SplitConfig(flush_pass="recompute"),
+            "split-recompute-refenc": SplitConfig(flush_pass="recompute",
+                                                  flush_encoder="ref")}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
             if "nvfp4" in (d.checkpoint_format, d.read_format)])
@@ -264,8 +266,8 @@ def test_replay_slots_padding_and_bf16_inputs(variant) -> None:
 
 def test_split_step_with_staggered_phases_equals_fused() -> None:
     """Slots at different ring positions (admitted on different steps): every step some
-    rows flush while the others output.  The split launches (nvfp4 read copy, scratch
-    flush pass) give the one-launch kernel's outputs, checkpoints and clocks."""
+    rows flush while the others output.  The split launches (nvfp4 read copy, its
+    flush's scratch pass) give the one-launch kernel's outputs, checkpoints and clocks."""
     L, batch = 3, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=9)
     head = HeadParams(params.A, params.D, params.dt_bias)
@@ -273,8 +275,7 @@ def test_split_step_with_staggered_phases_equals_fused() -> None:
     for launch in ("fused", "split"):
         cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp16-sr",
                                      read_format="nvfp4", window=L, device=DEV, seed=3,
-                                     launch=launch,
-                                     split_config=SplitConfig(flush_pass="scratch"))
+                                     launch=launch)
         cache.load_state(state0(batch))
         stagger_clocks(cache.tickets, L, cache.programs_per_slot)
         ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
