@@ -103,6 +103,37 @@ def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, d
 
 
 @triton.jit
+def _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h, HP, offs_r, c, w, decay, eB,
+           CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr):
+    """Chunk ``q`` of a flush unit starting at row ``r0``: its rows, their mask, this
+    step's x and the fresh fp32 rows (:func:`_fold`)."""
+    rows = r0 + q * FB + tl.arange(0, FB)
+    m = rows < P
+    x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
+    Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, decay, eB,
+               x_c, CK_FMT, FB, N, RING)
+    return rows, m, x_c, Sn
+
+
+@triton.jit
+def _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows, m, P,
+                  seed_ck, seed_rd, t, amax, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
+                  FB: tl.constexpr, N: tl.constexpr, HW_CVT: tl.constexpr,
+                  FAST_ENC: tl.constexpr, ONE_PASS: tl.constexpr, W_CK: tl.constexpr,
+                  W_RD: tl.constexpr, W_FRESH: tl.constexpr):
+    """Store fresh rows: the checkpoint (``W_CK``), the read copy (``W_RD``), the fp32
+    state (``W_FRESH``)."""
+    if W_CK:
+        store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
+                   HW_CVT, FAST_ENC, ONE_PASS)
+    if W_RD:
+        store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB, N,
+                   HW_CVT, FAST_ENC, ONE_PASS)
+    if W_FRESH:
+        tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
+
+
+@triton.jit
 def _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                HAS_Z: tl.constexpr):
     """The step's output rows from the fresh state (gated)."""
@@ -185,61 +216,38 @@ def m2_flush_kernel(
         # from the chunk itself (one fold, no second pass)
         if SCR:  # nvfp4, scratch pass: fold once; what needs no amax is written now
             for q in tl.range(0, NQ, num_stages=NSF):
-                rows = r0 + q * FB + tl.arange(0, FB)
-                m = rows < P
-                x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
-                Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
-                           decay, eB, x_c, CK_FMT, FB, N, RING)
+                rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
+                                          HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING)
                 amax = tl.maximum(amax, matrix_amax(Sn))
                 _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                            HAS_Z)
-                if not C4:
-                    store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax,
-                               CK_FMT, FB, N, HW_CVT, FAST_ENC)
-                if SPLIT and not R4:
-                    store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
-                               RD_FMT, FB, N, HW_CVT, FAST_ENC)
-                if WRITE_FRESH:
-                    tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
-                             mask=m[:, None])
+                _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
+                              m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
+                              FAST_ENC, False, not C4, SPLIT and not R4, WRITE_FRESH)
                 tl.store(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N), Sn)
             tl.debug_barrier()  # the scratch rows are read back by other threads
             for q in tl.range(0, NQ, num_stages=NSF):  # the nvfp4 copies from the scratch
                 rows = r0 + q * FB + tl.arange(0, FB)
-                m = rows < P
                 Sn = tl.load(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N))
-                if C4:
-                    store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax,
-                               CK_FMT, FB, N, HW_CVT, FAST_ENC)
-                if R4:
-                    store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
-                               RD_FMT, FB, N, HW_CVT, FAST_ENC)
+                _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
+                              rows < P, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N,
+                              HW_CVT, FAST_ENC, False, C4, R4, False)
             tl.debug_barrier()  # the next unit rewrites the scratch rows
         else:
             if NEED_AMAX and not ONE_PASS:  # nvfp4: the whole matrix's amax first
                 for q in range(NQ):
-                    rows = r0 + q * FB + tl.arange(0, FB)
-                    m = rows < P
-                    x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
-                    Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c,
-                               w, decay, eB, x_c, CK_FMT, FB, N, RING)
+                    rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h,
+                                              rx_h, HP, offs_r, c, w, decay, eB, CK_FMT, FB, N,
+                                              RING)
                     amax = tl.maximum(amax, matrix_amax(Sn))
             for q in tl.range(0, NQ, num_stages=NSF):
-                rows = r0 + q * FB + tl.arange(0, FB)
-                m = rows < P
-                x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
-                Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w,
-                           decay, eB, x_c, CK_FMT, FB, N, RING)
+                rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
+                                          HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING)
                 _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                            HAS_Z)
-                store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT,
-                           FB, N, HW_CVT, FAST_ENC, ONE_PASS)
-                if SPLIT:
-                    store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
-                               RD_FMT, FB, N, HW_CVT, FAST_ENC, ONE_PASS)
-                if WRITE_FRESH:
-                    tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
-                             mask=m[:, None])
+                _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
+                              m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
+                              FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH)
         u += nprog
 
 
