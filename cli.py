@@ -412,6 +412,11 @@ class BenchWhat(str, Enum):
     gdn = "gdn"
 
 
+class Phases(str, Enum):
+    aligned = "aligned"
+    staggered = "staggered"
+
+
 @app.command()
 def bench(
     what: Annotated[BenchWhat, typer.Option(
@@ -427,17 +432,23 @@ def bench(
         help="Engine backend to time (--what engine).")] = Backend.torch,
     out_path: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write the results (.nc, .zarr or .json).")] = None,
+    phases: Annotated[Phases, typer.Option(
+        help="Kernels: every sequence at ring position 0 (aligned: the whole batch "
+             "flushes together) or sequence b at position b mod L (staggered: as when a "
+             "server admits sequences on different steps).")] = Phases.aligned,
 ) -> None:
     """Benchmarks: the emulation engine, or the fused kernels on an NVIDIA GPU."""
 
     def run():
+        if what is BenchWhat.engine and phases is not Phases.aligned:
+            fail("--phases applies to the kernel benchmarks (--what mamba2 or gdn)")
         if what is BenchWhat.engine:
             from precisionlab.studies.bench_engine import bench_engine
 
             ds = bench_engine((model or ["nemotron-3-nano-4b"])[0], (batch or [8])[0], steps,
                               device=device.value, backend=backend.value)
         else:
-            ds = _bench_kernels(what.value, model, batch, window)
+            ds = _bench_kernels(what.value, model, batch, window, phases.value)
         _print_bench(ds)
         if out_path is not None:
             _write_bench(ds, out_path)
@@ -445,13 +456,14 @@ def bench(
     guarded(run)
 
 
-def _bench_kernels(kind: str, models, batches, windows):
+def _bench_kernels(kind: str, models, batches, windows, phases: str):
     import torch
 
     if not torch.cuda.is_available():
         fail(f"the {kind} kernel benchmark needs a CUDA GPU (try --what engine on a CPU)")
     kwargs = {k: v for k, v in (("models", models), ("batches", batches), ("windows", windows))
               if v}
+    kwargs["phases"] = phases
     if kind == "mamba2":
         from precisionlab.studies.bench_mamba2 import bench_mamba2
 

@@ -130,6 +130,11 @@ def bandwidth(nbytes: int = 2 << 30, device: torch.device | str = "cuda",
             "copy_us": copy_us, "read_us": read_us, "bytes": float(nbytes)}
 
 
+PHASES = ("aligned", "staggered")
+"""Ring-position mixes of a batch the benchmarks time: every sequence at position 0, or
+sequence b at position b mod L (:func:`stagger_clocks`)."""
+
+
 def stagger_clocks(tickets: torch.Tensor, window: int, per_step: int) -> None:
     """Start slot b's replay clock at ring position ``b mod window`` (``per_step`` clock
     ticks per decode step), as when a server admits sequences on different steps:

@@ -32,12 +32,12 @@ import torch
 import xarray as xr
 
 from precisionlab.presets import get_preset
+from precisionlab.timing import PHASES
 
 VARIANTS = ("conventional", "fla", "replay-fp32", "split-fp32-fp8", "split-fp16sr-nvfp4",
             "verify-T4")
 DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
            "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
-PHASES = ("aligned", "staggered")
 STATE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
                "fp8-e4m3": 1.0, "nvfp4": 0.5, "mxfp4": 0.5}
 
@@ -313,6 +313,7 @@ def bench_gdn(
     device: str = "cuda",
     on_result: Callable[[dict], None] | None = None,
     deadline: float | None = None,
+    phases: str = "aligned",
 ) -> xr.Dataset:
     """Per-step decode time of every variant, model, batch and window.
 
@@ -324,8 +325,12 @@ def bench_gdn(
     ``bytes_per_step``, ``eff_TBps``, ``frac_roofline``, ``speedup_vs_fla`` and
     ``us_commit`` (verify); attrs hold the device, versions and measured bandwidths.
     ``deadline`` (a ``time.time()`` value): variants not started by then are left NaN.
+    ``phases``: the replay designs' ring-position mix, "aligned" or "staggered" (see
+    :func:`time_replay`; its per-position times are then per step of the cycle).
     """
     dev = torch.device(device)
+    if phases not in PHASES:
+        raise BenchError(f"phases must be one of {', '.join(PHASES)}, got {phases!r}")
 
     def late() -> bool:
         return deadline is not None and time.time() > deadline
@@ -393,7 +398,8 @@ def bench_gdn(
                     ckpt, read = DESIGNS[var]
                     rfmt = read or ckpt
                     for w in wins:
-                        pos = time_replay(s, clock, ckpt, read, w, rounds, cfg)
+                        pos = time_replay(s, clock, ckpt, read, w, rounds,
+                                          {**cfg, "phases": phases})
                         outs = pos[:-1] if w > 1 else []
                         out_b = [s.output_step_bytes(rfmt, n, w) for n in range(w - 1)]
                         fl_b = s.flush_bytes(ckpt, read, w - 1, w)
@@ -417,6 +423,7 @@ def bench_gdn(
                 "variant": list(variants)},
     )
     ds.attrs.update(_meta(dev, bw, has_fla, rounds, reps, configs))
+    ds.attrs["phases"] = phases
     return ds
 
 

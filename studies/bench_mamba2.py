@@ -480,10 +480,16 @@ def bench_mamba2(
     tune_batch: int = 256,
     mamba_ssm_path: str | Path | None = None,
     device: str = "cuda",
+    phases: str = "aligned",
     log: Callable[[str], None] = print,
 ):
     """Benchmark the Mamba-2 kernels; returns an ``xarray.Dataset`` over
     (model, batch, window, kernel) with the variables in ``VARS``.
+
+    ``phases``: "aligned" (every sequence at ring position 0: the whole batch flushes
+    together) or "staggered" (sequence b starts at position b mod L, as when a server
+    admits sequences on different steps) for the timed replay cells; tuning runs
+    aligned.
 
     ``windows`` are run at every batch, ``extra_windows`` only at ``extra_batch``.
     With ``tune``, each kernel's (block_p, num_warps) is picked per model from
@@ -495,8 +501,10 @@ def bench_mamba2(
     import triton
     import xarray as xr
 
-    from precisionlab.timing import ColdL2Timer, bandwidth
+    from precisionlab.timing import PHASES, ColdL2Timer, bandwidth
 
+    if phases not in PHASES:
+        raise ValueError(f"phases must be one of {', '.join(PHASES)}, got {phases!r}")
     dev = torch.device(device)
     timer = ColdL2Timer(dev)
     bw = bandwidth(device=dev, timer=timer)
@@ -586,6 +594,8 @@ def bench_mamba2(
                         # small batches: the one-launch kernel (its tuned candidate if any)
                         cfg = next((c for c in CANDIDATES.get(k, []) if isinstance(c, dict)
                                     and c.get("launch") == "fused"), {"launch": "fused"})
+                    if k in DESIGNS and k != "verify-T4" and phases != "aligned":
+                        cfg = {**_as_replay_cfg(cfg), "phases": phases}
                     try:
                         times = runner.run(k, prob, L, cfg, ssu)
                     except Exception as e:  # keep the rest of the table
@@ -625,6 +635,7 @@ def bench_mamba2(
         "tuning_json": json.dumps(tuning),
         "errors_json": json.dumps(errors),
         "method": "CUDA-graph replay per step, >=256 MB L2 flush before each replay, medians",
+        "phases": phases,
     })
     return ds
 

@@ -86,11 +86,15 @@ def test_gate_against_a_baseline(result_file):
         (["gate", "RESULT"], "give a bound"),
         (["gate", "RESULT", "--max-rel-err", "1", "--at", "soon"], "--at must be"),
         (["plot", "RESULT", "--out", "x.jpg"], "PNG"),
+        (["bench", "--phases", "staggered"], "--phases applies to the kernel benchmarks"),
+        (["bench", "--what", "gdn", "--phases", "random"], "random"),
+        (["bench", "--what", "mamba2", "--phases", "staggered", "--out", "b.nc"], "CUDA"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, result_file, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    if "cuda" in args:
+    gpu_check = "cuda" in args or args[:3] == ["bench", "--what", "mamba2"]
+    if gpu_check:
         pytest.importorskip("torch")
         import torch
 

@@ -492,6 +492,13 @@ def test_gdn_bench_times_staggered_phases() -> None:
     assert cfg["phases"] == "staggered"  # the caller's dict is not consumed
     with pytest.raises(bg.BenchError, match="phases"):
         bg.time_replay(s, clock, "fp32", None, 3, 1, {"phases": "random"})
+    # the study: every replay cell with the phase mix, recorded in the attrs
+    ds = bg.bench_gdn(("tiny-gdn",), (3,), (3,), extra_windows=(), variants=("replay-fp32",),
+                      rounds=1, reps=1, device=DEVICE, phases="staggered")
+    assert ds.attrs["phases"] == "staggered" and float(ds.us_per_step.max()) > 0
+    with pytest.raises(bg.BenchError, match="phases"):
+        bg.bench_gdn(("tiny-gdn",), (3,), (3,), variants=("replay-fp32",), device=DEVICE,
+                     phases="random")
 
 
 # ---------------------------------------------------------------- GPU only

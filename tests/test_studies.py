@@ -99,3 +99,10 @@ def test_stagger_clocks_spreads_ring_positions() -> None:
     assert t.tolist() == [0, 4, 8, 0, 4, 8, 0]
     assert ((t // 4) % 3).tolist() == [0, 1, 2, 0, 1, 2, 0]
 
+
+
+def test_mamba2_bench_rejects_unknown_phases() -> None:
+    from precisionlab.studies.bench_mamba2 import bench_mamba2
+
+    with pytest.raises(ValueError, match="phases must be one of aligned, staggered"):
+        bench_mamba2(phases="random", device="cpu")
