@@ -77,10 +77,10 @@ _FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": False}]
 # flush alternatives of the split designs (measured on the H200, qwen3.5-4b, batch 256:
 # one program per unit ("units") flushes faster -- nvfp4 1233 against 1356 us -- and its
 # empty launch, ~9-14 us on the main stream, runs beside the output step since the
-# flush has its own stream: the nvfp4 default since the fourth run; 168 registers and 3
-# programs per SM were the defaults before the 128 / 4 of the third)
+# flush has its own stream (nvfp4 161.4 against 164.3 us per step in the fourth run),
+# but with nvfp4 its scratch is a full fp32 copy of the state, so it stays opt-in; 168
+# registers and 3 programs per SM were the defaults before the 128 / 4 of the third)
 _UNITS = {"flush_grid": "units"}
-_PERSISTENT = {"flush_grid": "persistent"}
 _FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}]
 # alternatives tried at (first model, batch 256, first window).  Tile counts per program
 # assume 2 v-heads per k-head (qwen3.5).
@@ -93,8 +93,8 @@ SWEEP = {
                                                          {"prep_num_warps": 4}]
     + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}],
     "split-fp16sr-nvfp4": _OUT_ALTS["split-fp16sr-nvfp4"][:2]
-    + [{"flush_licm": True}, {"flush_pass": "recompute"}, _PERSISTENT,
-       {**_PERSISTENT, "maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}],
+    + [{"flush_licm": True}, {"flush_pass": "recompute"}, {**_UNITS, "flush_ctas_per_sm": 3},
+       {"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}],
     # staged-dot: all drafts' reductions of a state tile as one tensor-core product
     # (593 -> 328 us against "staged" in the first timed sweep)
     "verify-T4": [{"verify_launch": "staged", "verify_block_v": 32, "verify_num_warps": 2},
