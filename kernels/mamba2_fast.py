@@ -49,6 +49,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .mamba2_kernel import head_consts
 from .tl_common import (
     K_RING_FP32,
     decay_weights,
@@ -69,18 +70,6 @@ from .tl_formats import (
     tile_offsets,
 )
 from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
-
-
-@triton.jit
-def _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
-    A_h = tl.load(A_ptr + h).to(tl.float32)
-    D_h = 0.0
-    if HAS_D:
-        D_h = tl.load(D_ptr + h).to(tl.float32)
-    dtb = 0.0
-    if HAS_DT_BIAS:
-        dtb = tl.load(dtb_ptr + h).to(tl.float32)
-    return A_h, D_h, dtb
 
 
 @triton.jit
@@ -195,7 +184,7 @@ def m2_flush_kernel(
         g = h // (H // G)
         mat = slot * H + h
         win = slot * LR
-        A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+        A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
         dt_h = dt_of(tl.load(dt_ptr + bidx * s_dtb + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
         rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=offs_r < c, other=0.0)
         edt = tl.where(offs_r == c, dt_h, rdt)
@@ -282,7 +271,7 @@ def _tile_of_head(codes, s1, s2, h, rows, first_of_head, c, offs_r, mr, C_t, Ce,
     its ring rows and inputs, then :func:`_out_tile`."""
     m = rows < P
     HP = H * P
-    A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+    A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
     rx = ring_load_raw(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                        mr[:, None] & m[None, :], RING)
     rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
@@ -423,7 +412,7 @@ def m2_out_heads_kernel(
         BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
         for hh in tl.range(0, HPP, num_stages=NS):
             h = h0 + hh
-            A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+            A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
             dt = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
             rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
             edt = tl.where(offs_r == c, dt, rdt)

@@ -68,7 +68,8 @@ def _tile_rows(q, h0, H, NPB: tl.constexpr, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+def head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    """Head ``h``'s ``A`` and, where given, ``D`` and ``dt_bias`` (else 0) in fp32."""
     A_h = tl.load(A_ptr + h).to(tl.float32)
     D_h = 0.0
     if HAS_D:
@@ -216,7 +217,7 @@ def mamba2_kernel(
             for hh in range(HPP * (1 - OUT_ONLY)):  # (the split flush launch did it)
                 h = h0 + hh
                 mat = mat0 + h
-                A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
                 dt_h = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
                 rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
                 edt = tl.where(offs_r == c, dt_h, rdt)
@@ -259,7 +260,7 @@ def mamba2_kernel(
             mr = offs_r < c
             # small inputs of tile 0; tile q+1's raw loads are issued before tile q is
             # computed and converted only when used, so the prefetch never stalls
-            A_h, D_h, dtb = _head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+            A_h, D_h, dtb = head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
             m = rows_0 < P
             rx = ring_load_raw(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
                                mr[:, None] & m[None, :], RING)
@@ -285,7 +286,7 @@ def mamba2_kernel(
                 if HAS_Z:
                     z2 = tl.load(z_b + h2 * P + rows2, mask=m2, other=0.0)
                 dt_raw2 = tl.load(dt_b + h2)
-                A2, D2, dtb2 = _head_consts(h2, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                A2, D2, dtb2 = head_consts(h2, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
                 # ---- compute tile q
                 S = decode_tile(cc, cs1, cs2, RD_FMT, BLOCK_P, N)  # masked rows decode to 0
                 dt = dt_of(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
@@ -319,7 +320,7 @@ def mamba2_kernel(
             for hh in range(HPP):
                 h = h0 + hh
                 mat = mat0 + h
-                A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
                 rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
                 last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
                 fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P,
@@ -357,7 +358,7 @@ def mamba2_kernel(
         for q in range(NT):
             h, rows = _tile_rows(q, h0, H, NPB, BLOCK_P)
             m = rows < P
-            A_h, D_h, dtb = _head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+            A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
             rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                            old[:, None] & m[None, :], RING)
             ix = tl.load(x_b + jj[:, None] * s_xt + h * P + rows[None, :],

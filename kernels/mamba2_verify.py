@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .mamba2_kernel import _head_consts, fold_committed
+from .mamba2_kernel import fold_committed, head_consts
 from .tl_common import (
     K_RING_FP32,
     decay_weights,
@@ -77,7 +77,7 @@ def m2_verify_prep_kernel(
     rl = tl.load(ring_len + slot)
     c = rl & 0xFFFF
     half = rl >> 16
-    A_h, D_h, dtb = _head_consts(h, A_ptr, A_ptr, dtb_ptr, False, HAS_DT_BIAS)
+    A_h, D_h, dtb = head_consts(h, A_ptr, A_ptr, dtb_ptr, False, HAS_DT_BIAS)
     mat = slot.to(tl.int64) * H + h
     oB = offs_r[:, None] * (G * N) + offs_n[None, :]
     if c + T > L:  # fold the committed entries of this head first
