@@ -32,8 +32,15 @@ row-major element index over the whole ``(slots, heads, P, N)`` tensor.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from .interp_fma import install
+
+    install()
 
 FMT_NONE = -1
 FMT_FP32 = 0
@@ -369,6 +376,26 @@ def e4m3_pos_value(code):
 
 
 @triton.jit
+def div_shared(x, d):
+    """``div_rn(x, d)`` for a divisor ``d > 0`` shared by many ``x`` (``d`` broadcast to
+    ``x``'s shape), from one correctly rounded reciprocal ``r = 1 / d`` per divisor and,
+    per element, ``q = x r`` with one Markstein correction ``q + (x - q d) r``: three
+    float operations instead of a division and its slow-path call.  Correctly rounded
+    wherever ``x - q d`` is exact, i.e. for ``|x| > 2**-100`` once divisors below
+    2**-64 (and their dividends) are scaled by 2**64, exactly; smaller ``|x|`` give
+    ``|x / d| < 2**-36``, within one ulp (no E4M3 / E2M1 code tells them apart).
+    Zeros keep their sign; non-finite ``x`` give NaN."""
+    tiny = d < 5.421010862427522e-20  # 2**-64
+    f = tl.where(tiny, 1.8446744073709552e19, 1.0)
+    ds = d * f
+    r = tl.math.div_rn(tl.full(ds.shape, 1.0, tl.float32), ds)
+    xs = x * f
+    q = xs * r
+    q = tl.fma(tl.fma(-q, ds, xs), r, q)
+    return tl.where(xs == 0.0, xs, q)
+
+
+@triton.jit
 def sr_round_fast(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
     """:func:`sr_round` with ``|x| / ulp`` as a product by the exact power of two
     ``1 / ulp`` (exact: the quotient is below ``2**(MBITS + 1)``; where ``1 / ulp``
@@ -423,7 +450,10 @@ def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.con
         fin = is_finite(S)
         amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
         s1 = tl.math.div_rn(amax, 448.0)
-        y = tl.math.div_rn(S, tl.where(s1 > 0, s1, 1.0)[:, None])
+        if FAST:
+            y = div_shared(S, tl.where(s1 > 0, s1, 1.0)[:, None])
+        else:
+            y = tl.math.div_rn(S, tl.where(s1 > 0, s1, 1.0)[:, None])
         y = tl.minimum(tl.maximum(y, -448.0), 448.0)
         if FAST:
             c = e4m3_code_bits(y, True)
@@ -439,13 +469,14 @@ def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.con
         s = tl.where(s == 0, 1.0, s)
         s = tl.where(nonzero, s, 1.0)
         s = tl.minimum(tl.maximum(s, 2.0**-9), 448.0)
-        if FAST:
+        if FAST:  # one reciprocal per block
             sc = e4m3_code_bits(s, True)
-            den = per_block(e4m3_pos_value(sc) * s2, BLOCK_P, N, 16)
+            den = (e4m3_pos_value(sc) * s2)[:, :, None]
+            y = tl.reshape(div_shared(tl.reshape(S, [BLOCK_P, N // 16, 16]), den),
+                           [BLOCK_P, N])
         else:
             sc = e4m3_code(s, True)
-            den = per_block(e4m3_value(sc) * s2, BLOCK_P, N, 16)
-        y = tl.math.div_rn(S, den)
+            y = tl.math.div_rn(S, per_block(e4m3_value(sc) * s2, BLOCK_P, N, 16))
         bfin = block_max(tl.where(fin, 0, 1), BLOCK_P, N, 16) == 0
         okb = tl.where(nonzero, bfin.to(tl.int32), 0)
         ok = per_block(okb, BLOCK_P, N, 16) != 0

@@ -38,6 +38,7 @@ from .tl_formats import (
     K_NVFP4,
     bf16_bits_to_f32,
     bf16_rne_bits,
+    div_shared,
     e4m3_code,
     e4m3_value_hw,
     e8m0_value,
@@ -122,7 +123,7 @@ def fp8_encode_hw(S):
     fin = tl.abs(S) < float("inf")
     amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
     s1 = tl.math.div_rn(amax, 448.0)
-    y = tl.math.div_rn(S, tl.where(s1 > 0, s1, 1.0)[:, None])
+    y = div_shared(S, tl.where(s1 > 0, s1, 1.0)[:, None])
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     c = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     return tl.where(fin, c, 0x7F).to(tl.uint8), s1
@@ -164,7 +165,7 @@ def nvfp4_encode_fast(S, amax_mat, SELF_AMAX: tl.constexpr, BLOCK_P: tl.constexp
     s = tl.where(nonzero, s, 1.0)
     sc = e4m3_code(tl.minimum(tl.maximum(s, 2.0**-9), 448.0), True)
     den = e4m3_value_hw(sc.to(tl.uint8)) * s2
-    y = tl.math.div_rn(S3, den[:, :, None])
+    y = div_shared(S3, den[:, :, None])
     ok = tl.where(nonzero, bfin.to(tl.int32), 0) != 0
     c3 = tl.where(ok[:, :, None], e2m1_code_fast(y), 0)
     lo, hi = tl.split(tl.reshape(c3, [BLOCK_P, N // 2, 2]))

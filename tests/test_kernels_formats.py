@@ -11,12 +11,14 @@ DEVICE = kernel_device()  # before the kernel modules are imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from precisionlab import formats  # noqa: E402
 from precisionlab.formats.random_bits import random_bits  # noqa: E402
 from precisionlab.kernels import codec  # noqa: E402
 from precisionlab.kernels.state import StateStore  # noqa: E402
-from precisionlab.kernels.tl_formats import FORMAT_IDS  # noqa: E402
+from precisionlab.kernels.tl_formats import FORMAT_IDS, div_shared  # noqa: E402
 
 FORMATS = list(FORMAT_IDS)
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, interpreter only
@@ -104,3 +106,56 @@ def test_packed_round_trip_through_formats() -> None:
         st = codec.encode(x, fmt)
         torch.testing.assert_close(formats.get(fmt).decode(st.packed()), codec.decode(st),
                                    rtol=0, atol=0)
+
+
+@triton.jit
+def _div_shared_kernel(x_ptr, d_ptr, o_ptr, R: tl.constexpr, N: tl.constexpr):
+    rows = tl.arange(0, R)
+    offs = rows[:, None] * N + tl.arange(0, N)[None, :]
+    q = div_shared(tl.load(x_ptr + offs), tl.load(d_ptr + rows)[:, None])
+    tl.store(o_ptr + offs, q)
+
+
+@triton.jit
+def _fma_kernel(a_ptr, b_ptr, c_ptr, o_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(o_ptr + offs, tl.fma(tl.load(a_ptr + offs), tl.load(b_ptr + offs),
+                                  tl.load(c_ptr + offs)))
+
+
+def test_fma_rounds_once() -> None:
+    """tl.fma is fused compiled and (kernels.interp_fma) in the interpreter alike."""
+    a = torch.tensor([1 + 2**-23, 3.0, 1e30, -0.0], dtype=torch.float32)
+    b = torch.tensor([1 + 2**-23, 1 / 3, 1e10, 5.0], dtype=torch.float32)
+    c = -(a * b)  # the rounded products
+    out = torch.empty_like(a, device=DEVICE)
+    _fma_kernel[(1,)](a.to(DEVICE), b.to(DEVICE), c.to(DEVICE), out, 4)
+    exact = (a.double() * b.double() + c.double()).float()
+    assert exact[0].item() == 2.0**-46
+    assert torch.equal(out.cpu().view(torch.int32), exact.view(torch.int32))
+
+
+def test_div_shared_is_division() -> None:
+    """div_shared (one reciprocal per divisor, one correction per element) gives the
+    bits of x / d wherever |x| > 2**-100, and within one ulp below; zeros keep their
+    sign; divisors from subnormal to 2**118, dividends up to 448 d as in the encoders."""
+    gen = torch.Generator().manual_seed(11)
+    R, N = 64, 128
+    e = torch.randint(-149, 119, (R,), generator=gen).double()
+    d = ((1 + torch.rand(R, generator=gen, dtype=torch.float64)) * 2.0**e).float()
+    d = torch.where(d > 0, d, torch.tensor(2.0**-149))
+    scale = 2.0 ** torch.randint(-40, 1, (R, N), generator=gen).double()
+    x = ((torch.rand(R, N, generator=gen, dtype=torch.float64) * 896 - 448) * scale
+         * d[:, None].double()).float()
+    x[:, 0], x[:, 1] = 0.0, -0.0
+    out = torch.empty(R, N, device=DEVICE)
+    _div_shared_kernel[(1,)](x.to(DEVICE), d.to(DEVICE), out, R, N)
+    out = out.cpu()
+    ref = x / d[:, None]
+    same = out.view(torch.int32) == ref.view(torch.int32)
+    big = x.abs() > 2.0**-100
+    assert big.sum() > 0.6 * R * N
+    assert same[big].all(), f"{int((~same & big).sum())} quotients differ"
+    ulp = torch.nextafter(ref.abs(), torch.tensor(float("inf"))) - ref.abs()
+    assert ((out - ref).abs() <= ulp)[~big].all()
+    assert torch.equal(torch.signbit(out[:, :2]), torch.signbit(x[:, :2]))
