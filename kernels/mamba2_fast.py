@@ -358,6 +358,27 @@ def m2_out_kernel(
 
 
 @triton.jit
+def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
+                C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
+                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
+    """Output rows ``rows`` (``BT`` of them) of head ``h`` (:func:`m2_out_heads_kernel`):
+    the packed-domain row dot, the ring's x rows, the gate; appends x at entry ``c``."""
+    m = rows < P
+    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N)
+    rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
+                   mr[:, None] & m[None, :], RING)
+    xf = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+    xr = ring_round(xf, RING)
+    y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
+    y = y + tl.sum(wbc[:, None] * rx, axis=0) + wc * xr
+    z = 0.0
+    if HAS_Z:
+        z = tl.load(z_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_b + h * P + rows, gate(y, xf, z, D_h, HAS_Z), mask=m)
+    ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
+
+
+@triton.jit
 def m2_out_heads_kernel(
     rd_c, rd_s1, rd_s2, ring_x, ring_B, ring_dt, tickets, state_idx, pos,
     x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr,
@@ -366,13 +387,16 @@ def m2_out_heads_kernel(
     N: tl.constexpr, BLOCK_P: tl.constexpr, NPB: tl.constexpr, HPP: tl.constexpr,
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per program ``B_i . C``; per head (a ``tl.range`` pipeline over heads) the decay
     weights folded into one coefficient per ring entry, then its ``NPB`` tiles
     (unrolled) with nothing but the row dot, the ring rows and the gate per tile.
-    The step's own entry is a scalar coefficient on x, not a ring-tile select."""
+    The step's own entry is a scalar coefficient on x, not a ring-tile select.
+    ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
+    two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
+    masked rows)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -384,6 +408,8 @@ def m2_out_heads_kernel(
             for q in tl.static_range(NPB):
                 rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
                 tl.store(out_b + (h0 + hh) * P + rows, 0.0, mask=rows < P)
+            if TAIL > 0:
+                tl.store(out_b + (h0 + hh) * P + NPB * BLOCK_P + tl.arange(0, TAIL), 0.0)
         return
     if pid == 0:
         tl.atomic_add(tickets + slot, 1, sem="relaxed")  # nobody in this launch reads it
@@ -422,21 +448,13 @@ def m2_out_heads_kernel(
             wc = dt * BCc  # this step's entry: exp(last - cum_c) = 1
             eL = tl.exp(last)
             for q in tl.static_range(NPB):
-                rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
-                m = rows < P
-                codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h, rows, m, P, RD_FMT,
-                                           BLOCK_P, N)
-                rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
-                               mr[:, None] & m[None, :], RING)
-                xf = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
-                xr = ring_round(xf, RING)
-                y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BLOCK_P, N)
-                y = y + tl.sum(wbc[:, None] * rx, axis=0) + wc * xr
-                z = 0.0
-                if HAS_Z:
-                    z = tl.load(z_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
-                tl.store(out_b + h * P + rows, gate(y, xf, z, D_h, HAS_Z), mask=m)
-                ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
+                _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat0 + h,
+                            h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,
+                            wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
+            if TAIL > 0:
+                _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2, mat0 + h,
+                            h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,
+                            wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

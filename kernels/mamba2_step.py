@@ -495,7 +495,12 @@ def launch_split_step(
     common = dict(N=N, BLOCK_P=bp, NPB=npb, NS=cfg.stages, RB=RB, RD_FMT=rd.fmt_id,
                   RING=ring_id, num_warps=cfg.num_warps, **flags, **extra)
     if cfg.out_kernel == "heads":
-        m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, **common)
+        tail = P % bp  # a power-of-two remainder gets a tile of its own size
+        if tail and tail & (tail - 1) == 0 and tail >= 8:
+            common["NPB"] = P // bp
+        else:
+            tail = 0
+        m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, TAIL=tail, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)
