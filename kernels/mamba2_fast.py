@@ -30,9 +30,10 @@ chunk holds the whole head (``flush_rows >= headdim``), folds it once.
 nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
 
 * "heads" (:func:`m2_out_heads_kernel`, the default for 1-byte and 4-bit copies):
-  grid ``(H / HPP, batch)``; per program ``B_i . C`` for the group's ring entries; per
-  head (a ``tl.range(num_stages=NS)`` loop) the decay weights folded into one
-  coefficient per ring entry, then the head's ``NPB`` tiles unrolled: the
+  grid ``(H / HPP, batch)``; per head (a ``tl.range(num_stages=NS)`` loop) one
+  coefficient per ring entry (the decay weight times ``B_i . C``), loaded from
+  :func:`m2_weights_kernel` (a launch before it; ``SplitConfig.out_weights="launch"``)
+  or computed by the program, then the head's ``NPB`` tiles unrolled: the
   packed-domain row dot ``S C`` (``tl_mamba2_fast.row_dot``), the ring's x rows, the
   gate.  One-warp programs: the H200 sweeps showed the tile loop issue-bound, and
   the per-row and per-entry vector work of a 4-warp program is repeated by every
@@ -131,6 +132,57 @@ def _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_
     if HAS_Z:
         z_c = tl.load(z_ptr + bidx * s_zb + h * P + rows, mask=m, other=0.0).to(tl.float32)
     tl.store(out_ptr + bidx * s_ob + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
+
+
+@triton.jit
+def m2_weights_kernel(
+    wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
+    s_dtb, s_Bb, s_Cb, H, G, L, LR,
+    N: tl.constexpr, RB: tl.constexpr, RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+):
+    """Per (batch row, head) of the rows that do not flush: the weight of each ring
+    entry before ``c``, ``dt_i e^(Lambda_c - Lambda_i) (B_i . C)``, then ``dt B_c . C``
+    (this step's entry), ``e^Lambda_c`` and ``dt``: ``RB + 4`` floats at ``wts[(b H + h)
+    (RB + 4)]`` for :func:`m2_out_heads_kernel` (``WEIGHTS``).  Grid ``(G, batch)``,
+    launched between the flush and output launches (the clocks still hold this step);
+    each program loads its group's ring of B once for the group's heads."""
+    g = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_idx + b)
+    if slot < 0:
+        return
+    c = tl.load(tickets + slot) % L
+    if c == L - 1:
+        return
+    offs_n = tl.arange(0, N)
+    offs_r = tl.arange(0, RB)
+    hpg = H // G
+    win = slot.to(tl.int64) * LR
+    mr = offs_r < c
+    rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N) + offs_n[None, :],
+                   mr[:, None], RING)
+    B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
+    C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
+    BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
+    BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
+    four = tl.arange(0, 4)
+    h = g * hpg
+    while h < (g + 1) * hpg:
+        A_h = tl.load(A_ptr + h).to(tl.float32)
+        dtb = 0.0
+        if HAS_DT_BIAS:
+            dtb = tl.load(dtb_ptr + h).to(tl.float32)
+        dt = dt_of(tl.load(dt_ptr + b * s_dtb + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+        rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=mr, other=0.0)
+        edt = tl.where(offs_r == c, dt, rdt)
+        cum = tl.cumsum(edt * A_h, axis=0)
+        last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
+        w_b = wts + (b * H + h) * (RB + 4)
+        tl.store(w_b + offs_r, tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC)
+        tl.store(w_b + RB + four,
+                 tl.where(four == 0, dt * BCc, tl.where(four == 1, tl.exp(last), dt)))
+        h += 1
 
 
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
@@ -387,7 +439,7 @@ def m2_out_heads_kernel(
     N: tl.constexpr, BLOCK_P: tl.constexpr, NPB: tl.constexpr, HPP: tl.constexpr,
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0,
+    DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per program ``B_i . C``; per head (a ``tl.range`` pipeline over heads) the decay
@@ -433,20 +485,32 @@ def m2_out_heads_kernel(
         Ce = tl.load(C_b + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
         Co = tl.load(C_b + 2 * tl.arange(0, N // 2) + 1).to(tl.float32) * TWO63
         mr = offs_r < c
-        rB = ring_load(rB_g + offs_r[:, None] * (G * N) + offs_n[None, :], mr[:, None], RING)
-        BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
-        BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
+        if not WEIGHTS:
+            rB = ring_load(rB_g + offs_r[:, None] * (G * N) + offs_n[None, :], mr[:, None],
+                           RING)
+            BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
+            BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
         for hh in tl.range(0, HPP, num_stages=NS):
             h = h0 + hh
-            A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-            dt = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-            rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
-            edt = tl.where(offs_r == c, dt, rdt)
-            cum = tl.cumsum(edt * A_h, axis=0)
-            last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
-            wbc = tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC  # entries < c
-            wc = dt * BCc  # this step's entry: exp(last - cum_c) = 1
-            eL = tl.exp(last)
+            if WEIGHTS:  # from the flush launch (_out_weights)
+                w_b = wts + (b * H + h) * (RB + 4)
+                wbc = tl.load(w_b + offs_r)
+                wc = tl.load(w_b + RB)
+                eL = tl.load(w_b + RB + 1)
+                dt = tl.load(w_b + RB + 2)
+                D_h = 0.0
+                if HAS_D:
+                    D_h = tl.load(D_ptr + h).to(tl.float32)
+            else:
+                A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                dt = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
+                edt = tl.where(offs_r == c, dt, rdt)
+                cum = tl.cumsum(edt * A_h, axis=0)
+                last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
+                wbc = tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC  # entries < c
+                wc = dt * BCc  # this step's entry: exp(last - cum_c) = 1
+                eL = tl.exp(last)
             for q in tl.static_range(NPB):
                 _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat0 + h,
                             h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,

@@ -19,7 +19,12 @@ import triton
 
 from .codec import as_int32
 from .mamba2_conv import mamba2_conv_kernel
-from .mamba2_fast import m2_flush_kernel, m2_out_heads_kernel, m2_out_kernel
+from .mamba2_fast import (
+    m2_flush_kernel,
+    m2_out_heads_kernel,
+    m2_out_kernel,
+    m2_weights_kernel,
+)
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
@@ -78,7 +83,11 @@ class SplitConfig:
     ``flush_pass`` (nvfp4 folded in several chunks: "scratch", the default, folds each
     chunk once and its fp32 rows wait in an L2-resident per-program scratch for the
     nvfp4 encode; "recompute" folds every chunk twice, the matrix amax first; the same
-    bits; H200, nano-4b: 2059 -> 1615 us per nvfp4 flush).
+    bits; H200, nano-4b: 2059 -> 1615 us per nvfp4 flush), ``out_weights`` ("heads"
+    output only: "launch", the default, computes each output row's per-head ring
+    weights, ``B_i . C`` folded in, in a small launch of their own (a program per B/C
+    group and row) for the output programs to load; "program": every output program
+    computes them from the ring of B itself).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -97,6 +106,7 @@ class SplitConfig:
     flush_maxnreg: int | None = None
     flush_encoder: str = "fast"
     flush_pass: str = "scratch"
+    out_weights: str = "launch"
 
 
 _SMS: dict[str, int] = {}
@@ -141,6 +151,8 @@ class Mamba2Cache:
     launch: str = "fused"
     split_config: SplitConfig = field(default_factory=SplitConfig)
     pos: torch.Tensor | None = None
+    out_wts: torch.Tensor | None = None
+    """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
 
@@ -387,6 +399,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.flush_pass not in ("recompute", "scratch"):
         raise ValueError(f"flush_pass must be 'recompute' or 'scratch', got "
                          f"{cfg.flush_pass!r}")
+    if cfg.out_weights not in ("launch", "program"):
+        raise ValueError(f"out_weights must be 'launch' or 'program', got "
+                         f"{cfg.out_weights!r}")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
     if kind == "group":
@@ -435,7 +450,8 @@ def launch_split_step(
 ) -> None:
     """One replay step as two launches: the persistent flush launch (rows at ring
     position L - 1; writes each row's position to ``cache.pos``), then the output
-    launch (rows at other positions; advances the clocks)."""
+    launch (rows at other positions; advances the clocks); between them, for "heads"
+    output programs, the ring-weights launch (``SplitConfig.out_weights``)."""
     ckpt, read = cache.ckpt, cache.read
     slots, H, P, N = ckpt.shape
     if N & (N - 1) or N < 16:
@@ -472,6 +488,13 @@ def launch_split_step(
         if cache.flush_scratch is None or cache.flush_scratch.numel() < n or \
                 cache.flush_scratch.device != x.device:
             cache.flush_scratch = torch.empty(n, dtype=torch.float32, device=x.device)
+    weights = cfg.out_kernel == "heads" and cfg.out_weights == "launch"
+    if weights:
+        n = batch * H * (RB + 4)
+        if cache.out_wts is None or cache.out_wts.numel() < n or \
+                cache.out_wts.device != x.device:
+            cache.out_wts = torch.empty(n, dtype=torch.float32, device=x.device)
+    wts = cache.out_wts if weights else out
     m2_flush_kernel[(nprog,)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
@@ -487,6 +510,11 @@ def launch_split_step(
         scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
         num_warps=cfg.flush_warps, **flags, **extra,
     )
+    if weights:
+        m2_weights_kernel[(G, batch)](
+            wts, rB, cache.ring_dt, cache.tickets, state_indices, dt, B, C, params.A, dtb,
+            strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB, RING=ring_id,
+            HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=2)
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program
     npb = triton.cdiv(P, bp)
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
@@ -500,7 +528,8 @@ def launch_split_step(
             common["NPB"] = P // bp
         else:
             tail = 0
-        m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, TAIL=tail, **common)
+        m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, TAIL=tail, wts=wts,
+                                               WEIGHTS=weights, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

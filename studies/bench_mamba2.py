@@ -64,20 +64,23 @@ CANDIDATES: dict[str, list] = {
     # Nsight Compute (nano-4b, batch 256): the 1-warp output programs are held to 16 per
     # SM by their registers (25% occupancy; fp8 at 60% of DRAM bandwidth, nvfp4 at 33%),
     # so fewer registers are tried: offline sm_90 counts in the comments
+    # "launch" (the default): the ring weights (decay times B_i . C per head and entry)
+    # come from a launch of their own, so a program's prologue is a 20-float load
+    # instead of the group's ring of B and its reductions (offline sm_90, super-120b:
+    # 2000 -> 1510 instructions per fp8 program, 2763 -> 2277 nvfp4); "program": each
+    # output program computes them (one head per program, capped at 80 registers: 121 ->
+    # 111 us per fp8 output step on nano-4b; earlier candidates with 2-4 heads, no cap
+    # or 16-row tiles lost by 5-40%)
     "split-fp32-fp8": [
-        # one head per program capped at 80 registers (no spill: 25 per SM), the default
-        # since it measured 121 -> 111 us per output step (nano-4b)
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},
-        {**_H1, "heads_per_program": 4, "stages": 1},  # 126 registers
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 0},  # 99 registers
-        {**_H1, "block_p": 16, "heads_per_program": 1, "stages": 1},  # 72 registers
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program"},
+        {**_H1, "heads_per_program": 2, "stages": 1, "maxnreg": 80},
     ],
     "split-fp16sr-nvfp4": [
-        {**_H1, "heads_per_program": 2, "stages": 1, **_NF},
-        {**_H1, "heads_per_program": 4, "stages": 1, **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 0, **_NF},  # 128 registers
-        # capped at 96 (no spill: 21 programs per SM instead of 16), the default
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_weights": "program",
+         **_NF},
+        {**_H1, "heads_per_program": 2, "stages": 1, "maxnreg": 96, **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products

@@ -230,6 +230,9 @@ SPLIT_CONFIGS = {
     # output: one head per program, 2 warps, 16-row tiles
     "split-heads": ("split", SplitConfig(heads_per_program=1, block_p=16, num_warps=2,
                                          stages=2)),
+    # output: "heads" programs that compute their ring weights themselves
+    "split-heads-own-weights": ("split", SplitConfig(heads_per_program=2,
+                                                     out_weights="program")),
 }
 
 
@@ -285,6 +288,17 @@ def test_split_step_with_staggered_phases_equals_fused() -> None:
         assert rel(a, b) < 1e-3  # fp16-sr/nvfp4 copies: a code can flip on a last bit
     assert res["fused"][1] == res["split"][1] == [(2 * L + 1 + b) % L for b in range(batch)]
     assert rel(res["split"][2], res["fused"][2]) < 1e-3
+
+
+def test_split_config_rejects_unknown_out_weights() -> None:
+    cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp32",
+                                 read_format="fp8-e4m3", window=2, device=DEV, launch="split",
+                                 split_config=SplitConfig(out_weights="flush"))
+    kind, params, raws = setup(steps=1, batch=2)
+    r = raws[0]
+    with pytest.raises(ValueError, match="out_weights must be"):
+        mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
+                    HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
 
 
 def test_split_config_rejects_unknown_flush_pass() -> None:
