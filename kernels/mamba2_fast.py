@@ -448,7 +448,7 @@ def m2_out_heads_kernel(
     The step's own entry is a scalar coefficient on x, not a ring-tile select.
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
-    masked rows)."""
+    masked rows; ``SplitConfig.tail_tile``)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)

@@ -71,16 +71,19 @@ CANDIDATES: dict[str, list] = {
     # output program computes them (one head per program, capped at 80 registers: 121 ->
     # 111 us per fp8 output step on nano-4b; earlier candidates with 2-4 heads, no cap
     # or 16-row tiles lost by 5-40%)
+    # "tail_tile": a headdim of 80 as 32 + 32 + 16 rows (nano-4b) instead of three masked
+    # 32-row tiles, the default for 4-bit copies only (fp8 output 111 -> 123 us with it)
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program"},
-        {**_H1, "heads_per_program": 2, "stages": 1, "maxnreg": 80},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "tail_tile": True},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_weights": "program",
          **_NF},
-        {**_H1, "heads_per_program": 2, "stages": 1, "maxnreg": 96, **_NF},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "tail_tile": False,
+         **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products

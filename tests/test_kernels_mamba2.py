@@ -229,7 +229,7 @@ SPLIT_CONFIGS = {
                                             block_p=16, num_warps=4)),
     # output: one head per program, 2 warps, 16-row tiles
     "split-heads": ("split", SplitConfig(heads_per_program=1, block_p=16, num_warps=2,
-                                         stages=2)),
+                                         stages=2, tail_tile=True)),
     # output: "heads" programs that compute their ring weights themselves
     "split-heads-own-weights": ("split", SplitConfig(heads_per_program=2,
                                                      out_weights="program")),
