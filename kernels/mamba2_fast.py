@@ -135,54 +135,61 @@ def _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_
 
 
 @triton.jit
+def _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr,
+                   dtb_ptr, s_dtb, s_Bb, s_Cb, H, G, L, LR, g, b, N: tl.constexpr,
+                   RB: tl.constexpr, RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                   DT_SOFTPLUS: tl.constexpr):
+    """Ring weights of the heads of group ``g`` of batch row ``b`` (nothing for padding
+    or flushing rows): per head the weight of each ring entry before ``c``, ``dt_i
+    e^(Lambda_c - Lambda_i) (B_i . C)``, then ``dt B_c . C`` (this step's entry),
+    ``e^Lambda_c`` and ``dt``, as ``RB + 4`` floats at ``wts[(b H + h) (RB + 4)]`` for
+    :func:`m2_out_heads_kernel` (``WEIGHTS``).  Reads the clock, so it runs before the
+    output launch advances it; the group's ring of B is loaded once for its heads."""
+    slot = tl.load(state_idx + b)
+    c = tl.load(tickets + tl.maximum(slot, 0)) % L
+    if (slot >= 0) & (c != L - 1):
+        offs_n = tl.arange(0, N)
+        offs_r = tl.arange(0, RB)
+        hpg = H // G
+        win = slot.to(tl.int64) * LR
+        mr = offs_r < c
+        rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N) +
+                       offs_n[None, :], mr[:, None], RING)
+        B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
+        C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
+        BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
+        BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
+        four = tl.arange(0, 4)
+        h = g * hpg
+        while h < (g + 1) * hpg:
+            A_h = tl.load(A_ptr + h).to(tl.float32)
+            dtb = 0.0
+            if HAS_DT_BIAS:
+                dtb = tl.load(dtb_ptr + h).to(tl.float32)
+            dt = dt_of(tl.load(dt_ptr + b * s_dtb + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+            rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=mr, other=0.0)
+            edt = tl.where(offs_r == c, dt, rdt)
+            cum = tl.cumsum(edt * A_h, axis=0)
+            last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
+            w_b = wts + (b * H + h) * (RB + 4)
+            tl.store(w_b + offs_r, tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC)
+            tl.store(w_b + RB + four,
+                     tl.where(four == 0, dt * BCc, tl.where(four == 1, tl.exp(last), dt)))
+            h += 1
+
+
+@triton.jit
 def m2_weights_kernel(
     wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
     N: tl.constexpr, RB: tl.constexpr, RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
 ):
-    """Per (batch row, head) of the rows that do not flush: the weight of each ring
-    entry before ``c``, ``dt_i e^(Lambda_c - Lambda_i) (B_i . C)``, then ``dt B_c . C``
-    (this step's entry), ``e^Lambda_c`` and ``dt``: ``RB + 4`` floats at ``wts[(b H + h)
-    (RB + 4)]`` for :func:`m2_out_heads_kernel` (``WEIGHTS``).  Grid ``(G, batch)``,
-    launched between the flush and output launches (the clocks still hold this step);
-    each program loads its group's ring of B once for the group's heads."""
-    g = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    slot = tl.load(state_idx + b)
-    if slot < 0:
-        return
-    c = tl.load(tickets + slot) % L
-    if c == L - 1:
-        return
-    offs_n = tl.arange(0, N)
-    offs_r = tl.arange(0, RB)
-    hpg = H // G
-    win = slot.to(tl.int64) * LR
-    mr = offs_r < c
-    rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N) + offs_n[None, :],
-                   mr[:, None], RING)
-    B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
-    C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
-    BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
-    BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
-    four = tl.arange(0, 4)
-    h = g * hpg
-    while h < (g + 1) * hpg:
-        A_h = tl.load(A_ptr + h).to(tl.float32)
-        dtb = 0.0
-        if HAS_DT_BIAS:
-            dtb = tl.load(dtb_ptr + h).to(tl.float32)
-        dt = dt_of(tl.load(dt_ptr + b * s_dtb + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-        rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=mr, other=0.0)
-        edt = tl.where(offs_r == c, dt, rdt)
-        cum = tl.cumsum(edt * A_h, axis=0)
-        last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
-        w_b = wts + (b * H + h) * (RB + 4)
-        tl.store(w_b + offs_r, tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC)
-        tl.store(w_b + RB + four,
-                 tl.where(four == 0, dt * BCc, tl.where(four == 1, tl.exp(last), dt)))
-        h += 1
+    """:func:`_group_weights` as a launch of its own, grid ``(G, batch)``, between the
+    flush and output launches (``SplitConfig.out_weights="launch"``)."""
+    _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr,
+                   dtb_ptr, s_dtb, s_Bb, s_Cb, H, G, L, LR, tl.program_id(0),
+                   tl.program_id(1).to(tl.int64), N, RB, RING, HAS_DT_BIAS, DT_SOFTPLUS)
 
 
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
@@ -197,10 +204,19 @@ def m2_flush_kernel(
     SPLIT: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
-    ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False, wts=None,
+    nfp=0, WEIGHTS: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    if WEIGHTS:  # programs past the first nfp compute the output launch's ring weights
+        nprog = nfp
+        if pid >= nfp:
+            wu = pid - nfp
+            _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr,
+                           A_ptr, dtb_ptr, s_dtb, s_Bb, s_Cb, H, G, L, LR, wu % G,
+                           (wu // G).to(tl.int64), N, RB, RING, HAS_DT_BIAS, DT_SOFTPLUS)
+            return
     offs_b = tl.arange(0, BP)
     inb = offs_b < Bsz
     sl = tl.load(state_idx + offs_b, mask=inb, other=-1)

@@ -84,13 +84,16 @@ class SplitConfig:
     chunk once and its fp32 rows wait in an L2-resident per-program scratch for the
     nvfp4 encode; "recompute" folds every chunk twice, the matrix amax first; the same
     bits; H200, nano-4b: 2059 -> 1615 us per nvfp4 flush), ``out_weights`` ("heads"
-    output only: "launch", the default, computes each output row's per-head ring
-    weights, ``B_i . C`` folded in, in a small launch of their own (a program per B/C
-    group and row) for the output programs to load; "program": every output program
-    computes them from the ring of B itself), ``tail_tile`` ("heads" output: a
-    power-of-two remainder of headdim as a smaller tile of its own instead of a masked
-    full one; None = for 4-bit copies only: on an H200, nano-4b's 80 rows as 32 + 32 + 16
-    took 142 instead of 146 us per nvfp4 output step, but 123 instead of 111 for fp8).
+    output only: where each output row's per-head ring weights, ``B_i . C`` folded in,
+    are computed: "launch", a small launch of their own (a program per B/C group and
+    row) for the output programs to load; "flush", the same programs appended to the
+    flush launch's grid; "program", every output program from the ring of B itself;
+    None = "launch" for 4-bit copies, else "program": on an H200 the nvfp4 output step
+    took 133 instead of 142 us (nano-4b) and 125 instead of 136 (super-120b) with
+    "launch", the fp8 one 115 instead of 110 and 119 instead of 117), ``tail_tile``
+    ("heads" output: a power-of-two remainder of headdim as a smaller tile of its own
+    instead of a masked full one; None = for 4-bit copies only: on an H200, nano-4b's 80
+    rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -109,7 +112,7 @@ class SplitConfig:
     flush_maxnreg: int | None = None
     flush_encoder: str = "fast"
     flush_pass: str = "scratch"
-    out_weights: str = "launch"
+    out_weights: str | None = None
     tail_tile: bool | None = None
 
 
@@ -403,8 +406,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.flush_pass not in ("recompute", "scratch"):
         raise ValueError(f"flush_pass must be 'recompute' or 'scratch', got "
                          f"{cfg.flush_pass!r}")
-    if cfg.out_weights not in ("launch", "program"):
-        raise ValueError(f"out_weights must be 'launch' or 'program', got "
+    if cfg.out_weights not in (None, "launch", "flush", "program"):
+        raise ValueError(f"out_weights must be 'launch', 'flush' or 'program', got "
                          f"{cfg.out_weights!r}")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
@@ -427,7 +430,10 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
-    return replace(cfg, out_kernel=kind, block_p=bp, num_warps=nw, heads_per_program=hpp,
+    return replace(cfg, out_kernel=kind, block_p=bp,
+                   out_weights=cfg.out_weights or ("launch" if _BYTES_BY_ID[rd_id] < 1
+                                                   else "program"),
+                   num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),
                    flush_stages=cfg.flush_stages or (1 if need_amax else 3),
@@ -492,14 +498,15 @@ def launch_split_step(
         if cache.flush_scratch is None or cache.flush_scratch.numel() < n or \
                 cache.flush_scratch.device != x.device:
             cache.flush_scratch = torch.empty(n, dtype=torch.float32, device=x.device)
-    weights = cfg.out_kernel == "heads" and cfg.out_weights == "launch"
+    weights = cfg.out_kernel == "heads" and cfg.out_weights != "program"
+    in_flush = weights and cfg.out_weights == "flush"
     if weights:
         n = batch * H * (RB + 4)
         if cache.out_wts is None or cache.out_wts.numel() < n or \
                 cache.out_wts.device != x.device:
             cache.out_wts = torch.empty(n, dtype=torch.float32, device=x.device)
     wts = cache.out_wts if weights else out
-    m2_flush_kernel[(nprog,)](
+    m2_flush_kernel[(nprog + (G * batch if in_flush else 0),)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
         rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
@@ -511,10 +518,10 @@ def launch_split_step(
         RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
         HW_CVT=x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1",
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
-        scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
-        num_warps=cfg.flush_warps, **flags, **extra,
+        scr=cache.flush_scratch if scratch else out, SCRATCH=scratch, wts=wts, nfp=nprog,
+        WEIGHTS=in_flush, num_warps=cfg.flush_warps, **flags, **extra,
     )
-    if weights:
+    if weights and not in_flush:
         m2_weights_kernel[(G, batch)](
             wts, rB, cache.ring_dt, cache.tickets, state_indices, dt, B, C, params.A, dtb,
             strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB, RING=ring_id,

@@ -230,9 +230,12 @@ SPLIT_CONFIGS = {
     # output: one head per program, 2 warps, 16-row tiles
     "split-heads": ("split", SplitConfig(heads_per_program=1, block_p=16, num_warps=2,
                                          stages=2, tail_tile=True)),
-    # output: "heads" programs that compute their ring weights themselves
+    # output: "heads" programs that compute their ring weights themselves / that load
+    # them from extra programs of the flush launch
     "split-heads-own-weights": ("split", SplitConfig(heads_per_program=2,
                                                      out_weights="program")),
+    "split-heads-flush-weights": ("split", SplitConfig(heads_per_program=1,
+                                                       out_weights="flush")),
 }
 
 
@@ -293,7 +296,7 @@ def test_split_step_with_staggered_phases_equals_fused() -> None:
 def test_split_config_rejects_unknown_out_weights() -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp32",
                                  read_format="fp8-e4m3", window=2, device=DEV, launch="split",
-                                 split_config=SplitConfig(out_weights="flush"))
+                                 split_config=SplitConfig(out_weights="twice"))
     kind, params, raws = setup(steps=1, batch=2)
     r = raws[0]
     with pytest.raises(ValueError, match="out_weights must be"):
