@@ -137,14 +137,15 @@ def _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_
 @triton.jit
 def _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr,
                    dtb_ptr, s_dtb, s_Bb, s_Cb, H, G, L, LR, g, b, N: tl.constexpr,
-                   RB: tl.constexpr, RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                   DT_SOFTPLUS: tl.constexpr):
+                   RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
+                   HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
     """Ring weights of the heads of group ``g`` of batch row ``b`` (nothing for padding
     or flushing rows): per head the weight of each ring entry before ``c``, ``dt_i
     e^(Lambda_c - Lambda_i) (B_i . C)``, then ``dt B_c . C`` (this step's entry),
     ``e^Lambda_c`` and ``dt``, as ``RB + 4`` floats at ``wts[(b H + h) (RB + 4)]`` for
     :func:`m2_out_heads_kernel` (``WEIGHTS``).  Reads the clock, so it runs before the
-    output launch advances it; the group's ring of B is loaded once for its heads."""
+    output launch advances it.  The group's ring of B is loaded once; its heads (``HPG``
+    >= heads per group) are one ``[HPG, RB]`` tile."""
     slot = tl.load(state_idx + b)
     c = tl.load(tickets + tl.maximum(slot, 0)) % L
     if (slot >= 0) & (c != L - 1):
@@ -159,37 +160,42 @@ def _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_pt
         C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
         BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
         BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
-        four = tl.arange(0, 4)
-        h = g * hpg
-        while h < (g + 1) * hpg:
-            A_h = tl.load(A_ptr + h).to(tl.float32)
-            dtb = 0.0
-            if HAS_DT_BIAS:
-                dtb = tl.load(dtb_ptr + h).to(tl.float32)
-            dt = dt_of(tl.load(dt_ptr + b * s_dtb + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-            rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=mr, other=0.0)
-            edt = tl.where(offs_r == c, dt, rdt)
-            cum = tl.cumsum(edt * A_h, axis=0)
-            last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
-            w_b = wts + (b * H + h) * (RB + 4)
-            tl.store(w_b + offs_r, tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC)
-            tl.store(w_b + RB + four,
-                     tl.where(four == 0, dt * BCc, tl.where(four == 1, tl.exp(last), dt)))
-            h += 1
+        offs_h = tl.arange(0, HPG)
+        mh = offs_h < hpg
+        heads = g * hpg + offs_h
+        A_h = tl.load(A_ptr + heads, mask=mh, other=0.0).to(tl.float32)
+        dtb = 0.0
+        if HAS_DT_BIAS:
+            dtb = tl.load(dtb_ptr + heads, mask=mh, other=0.0).to(tl.float32)
+        dt = dt_of(tl.load(dt_ptr + b * s_dtb + heads, mask=mh, other=0.0), dtb, HAS_DT_BIAS,
+                   DT_SOFTPLUS)
+        rdt = tl.load(ring_dt + win * H + heads[:, None] + offs_r[None, :] * H,
+                      mask=mh[:, None] & mr[None, :], other=0.0)
+        at_c = (offs_r == c)[None, :]
+        cum = tl.cumsum(tl.where(at_c, dt[:, None], rdt) * A_h[:, None], axis=1)
+        last = tl.sum(tl.where(at_c, cum, 0.0), axis=1)
+        w = tl.where(mr[None, :], rdt * tl.exp(last[:, None] - cum), 0.0) * BC[None, :]
+        w_b = wts + (b * H + heads) * (RB + 4)
+        tl.store(w_b[:, None] + offs_r[None, :], w, mask=mh[:, None])
+        four = tl.arange(0, 4)[None, :]
+        tl.store(w_b[:, None] + RB + four,
+                 tl.where(four == 0, (dt * BCc)[:, None],
+                          tl.where(four == 1, tl.exp(last)[:, None], dt[:, None])),
+                 mask=mh[:, None])
 
 
 @triton.jit
 def m2_weights_kernel(
     wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
-    N: tl.constexpr, RB: tl.constexpr, RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr,
+    N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
 ):
     """:func:`_group_weights` as a launch of its own, grid ``(G, batch)``, between the
     flush and output launches (``SplitConfig.out_weights="launch"``)."""
     _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr,
                    dtb_ptr, s_dtb, s_Bb, s_Cb, H, G, L, LR, tl.program_id(0),
-                   tl.program_id(1).to(tl.int64), N, RB, RING, HAS_DT_BIAS, DT_SOFTPLUS)
+                   tl.program_id(1).to(tl.int64), N, RB, HPG, RING, HAS_DT_BIAS, DT_SOFTPLUS)
 
 
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
@@ -204,19 +210,10 @@ def m2_flush_kernel(
     SPLIT: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
-    ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False, wts=None,
-    nfp=0, WEIGHTS: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    if WEIGHTS:  # programs past the first nfp compute the output launch's ring weights
-        nprog = nfp
-        if pid >= nfp:
-            wu = pid - nfp
-            _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr,
-                           A_ptr, dtb_ptr, s_dtb, s_Bb, s_Cb, H, G, L, LR, wu % G,
-                           (wu // G).to(tl.int64), N, RB, RING, HAS_DT_BIAS, DT_SOFTPLUS)
-            return
     offs_b = tl.arange(0, BP)
     inb = offs_b < Bsz
     sl = tl.load(state_idx + offs_b, mask=inb, other=-1)

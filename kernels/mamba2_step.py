@@ -86,8 +86,9 @@ class SplitConfig:
     bits; H200, nano-4b: 2059 -> 1615 us per nvfp4 flush), ``out_weights`` ("heads"
     output only: where each output row's per-head ring weights, ``B_i . C`` folded in,
     are computed: "launch", a small launch of their own (a program per B/C group and
-    row) for the output programs to load; "flush", the same programs appended to the
-    flush launch's grid; "program", every output program from the ring of B itself;
+    row) for the output programs to load; "program", every output program from the ring
+    of B itself (the same programs appended to the flush launch's grid made the output
+    steps 12-17% slower);
     None = "launch" for 4-bit copies, else "program": on an H200 the nvfp4 output step
     took 133 instead of 142 us (nano-4b) and 125 instead of 136 (super-120b) with
     "launch", the fp8 one 115 instead of 110 and 119 instead of 117), ``tail_tile``
@@ -406,8 +407,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.flush_pass not in ("recompute", "scratch"):
         raise ValueError(f"flush_pass must be 'recompute' or 'scratch', got "
                          f"{cfg.flush_pass!r}")
-    if cfg.out_weights not in (None, "launch", "flush", "program"):
-        raise ValueError(f"out_weights must be 'launch', 'flush' or 'program', got "
+    if cfg.out_weights not in (None, "launch", "program"):
+        raise ValueError(f"out_weights must be 'launch' or 'program', got "
                          f"{cfg.out_weights!r}")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
@@ -498,15 +499,14 @@ def launch_split_step(
         if cache.flush_scratch is None or cache.flush_scratch.numel() < n or \
                 cache.flush_scratch.device != x.device:
             cache.flush_scratch = torch.empty(n, dtype=torch.float32, device=x.device)
-    weights = cfg.out_kernel == "heads" and cfg.out_weights != "program"
-    in_flush = weights and cfg.out_weights == "flush"
+    weights = cfg.out_kernel == "heads" and cfg.out_weights == "launch"
     if weights:
         n = batch * H * (RB + 4)
         if cache.out_wts is None or cache.out_wts.numel() < n or \
                 cache.out_wts.device != x.device:
             cache.out_wts = torch.empty(n, dtype=torch.float32, device=x.device)
     wts = cache.out_wts if weights else out
-    m2_flush_kernel[(nprog + (G * batch if in_flush else 0),)](
+    m2_flush_kernel[(nprog,)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
         rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
@@ -518,13 +518,14 @@ def launch_split_step(
         RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
         HW_CVT=x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1",
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
-        scr=cache.flush_scratch if scratch else out, SCRATCH=scratch, wts=wts, nfp=nprog,
-        WEIGHTS=in_flush, num_warps=cfg.flush_warps, **flags, **extra,
+        scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
+        num_warps=cfg.flush_warps, **flags, **extra,
     )
-    if weights and not in_flush:
+    if weights:
         m2_weights_kernel[(G, batch)](
             wts, rB, cache.ring_dt, cache.tickets, state_indices, dt, B, C, params.A, dtb,
-            strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB, RING=ring_id,
+            strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
+            HPG=triton.next_power_of_2(H // G), RING=ring_id,
             HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=2)
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program
     npb = triton.cdiv(P, bp)

@@ -64,26 +64,22 @@ CANDIDATES: dict[str, list] = {
     # Nsight Compute (nano-4b, batch 256): the 1-warp output programs are held to 16 per
     # SM by their registers (25% occupancy; fp8 at 60% of DRAM bandwidth, nvfp4 at 33%),
     # so fewer registers are tried: offline sm_90 counts in the comments
-    # out_weights "launch" / "flush": the ring weights (decay times B_i . C per head and
-    # entry) come from a launch of their own / from extra programs of the flush launch,
-    # so a program's prologue is a 20-float load instead of the group's ring of B and its
-    # reductions (offline sm_90, super-120b: 2000 -> 1510 instructions per fp8 program,
-    # 2763 -> 2277 nvfp4); "program": each output program computes them (one head per
-    # program, capped at 80 registers: 121 -> 111 us per fp8 output step on nano-4b;
-    # earlier candidates with 2-4 heads, no cap or 16-row tiles lost by 5-40%).  In the
-    # first H200 run of "launch" the nvfp4 output step took 133 instead of 142 us
-    # (nano-4b), fp8 115 instead of 110
-    # "tail_tile": a headdim of 80 as 32 + 32 + 16 rows (nano-4b) instead of three masked
-    # 32-row tiles, the default for 4-bit copies only (nvfp4 output 139 -> 133 us with
-    # it; fp8 with "launch" weights 115 -> 113, with "program" weights 110 -> 123)
+    # out_weights "launch": the ring weights (decay times B_i . C per head and entry)
+    # come from a launch of their own (as extra programs of the flush launch they made
+    # the output steps 12-17% slower: dropped), so a program's prologue is a 20-float
+    # load instead of the group's ring of B and its reductions (offline sm_90,
+    # super-120b: 2000 -> 1510 instructions per fp8 program, 2763 -> 2277 nvfp4);
+    # "program": each output program computes them (one head per program, capped at 80
+    # registers: 121 -> 111 us per fp8 output step on nano-4b; earlier candidates with 2-4
+    # heads, no cap or 16-row tiles lost by 5-40%).  H200, "launch" against "program":
+    # nvfp4 output 133 / 142 us (nano-4b), 126 / 136 (super-120b); fp8 115 / 110, 119 / 117
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "program"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "launch"},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "flush"},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_weights": "flush",
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_weights": "program",
          **_NF},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "tail_tile": False,
          **_NF},

@@ -230,12 +230,12 @@ SPLIT_CONFIGS = {
     # output: one head per program, 2 warps, 16-row tiles
     "split-heads": ("split", SplitConfig(heads_per_program=1, block_p=16, num_warps=2,
                                          stages=2, tail_tile=True)),
-    # output: "heads" programs that compute their ring weights themselves / that load
-    # them from extra programs of the flush launch
+    # output: "heads" programs that compute their ring weights themselves / load them
+    # from the weights launch
     "split-heads-own-weights": ("split", SplitConfig(heads_per_program=2,
                                                      out_weights="program")),
-    "split-heads-flush-weights": ("split", SplitConfig(heads_per_program=1,
-                                                       out_weights="flush")),
+    "split-heads-weights-launch": ("split", SplitConfig(heads_per_program=1,
+                                                        out_weights="launch")),
 }
 
 
