@@ -85,13 +85,13 @@ class SplitConfig:
     nvfp4 encode; "recompute" folds every chunk twice, the matrix amax first; the same
     bits; H200, nano-4b: 2059 -> 1615 us per nvfp4 flush), ``out_weights`` ("heads"
     output only: where each output row's per-head ring weights, ``B_i . C`` folded in,
-    are computed: "launch", a small launch of their own (a program per B/C group and
-    row) for the output programs to load; "program", every output program from the ring
-    of B itself (the same programs appended to the flush launch's grid made the output
-    steps 12-17% slower);
-    None = "launch" for 4-bit copies, else "program": on an H200 the nvfp4 output step
-    took 133 instead of 142 us (nano-4b) and 125 instead of 136 (super-120b) with
-    "launch", the fp8 one 115 instead of 110 and 119 instead of 117), ``tail_tile``
+    are computed: "launch", the default, in a small launch of their own (a program per
+    B/C group and row, its heads as one tile) for the output programs to load;
+    "program", every output program from the ring of B itself; on an H200 the nvfp4
+    output step took 129 instead of 143 us (nano-4b) and 119 instead of 137
+    (super-120b) with "launch", the fp8 one 109 instead of 111 and 111 instead of 118;
+    the same programs appended to the flush launch's grid made the output steps 12-17%
+    slower), ``tail_tile``
     ("heads" output: a power-of-two remainder of headdim as a smaller tile of its own
     instead of a masked full one; None = for 4-bit copies only: on an H200, nano-4b's 80
     rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step).
@@ -113,7 +113,7 @@ class SplitConfig:
     flush_maxnreg: int | None = None
     flush_encoder: str = "fast"
     flush_pass: str = "scratch"
-    out_weights: str | None = None
+    out_weights: str = "launch"
     tail_tile: bool | None = None
 
 
@@ -395,7 +395,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     program, 32-row tiles where they divide headdim, else 16); 1-byte and 4-bit copies
     through 1-warp "heads" programs of 32-row tiles, one head each, capped at 80 (fp8)
     / 96 (4-bit) registers so that 25 / 21 programs fit per SM instead of 16 (fp8
-    output step 121 -> 111 us on nano-4b, 135 -> 117 on super-120b); flush chunks of
+    output step 121 -> 111 us on nano-4b, 135 -> 117 on super-120b), their ring weights
+    from the weights launch (``out_weights``); flush chunks of
     16 rows in a 3-stage pipeline (one stage for nvfp4, whose units fold once into a
     scratch and encode from it), 4 persistent programs per SM, capped at 128 registers
     when a low-precision copy is encoded."""
@@ -407,7 +408,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.flush_pass not in ("recompute", "scratch"):
         raise ValueError(f"flush_pass must be 'recompute' or 'scratch', got "
                          f"{cfg.flush_pass!r}")
-    if cfg.out_weights not in (None, "launch", "program"):
+    if cfg.out_weights not in ("launch", "program"):
         raise ValueError(f"out_weights must be 'launch' or 'program', got "
                          f"{cfg.out_weights!r}")
     if kind not in ("heads", "tiles", "group"):
@@ -432,8 +433,6 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
     return replace(cfg, out_kernel=kind, block_p=bp,
-                   out_weights=cfg.out_weights or ("launch" if _BYTES_BY_ID[rd_id] < 1
-                                                   else "program"),
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),

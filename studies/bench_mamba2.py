@@ -71,11 +71,12 @@ CANDIDATES: dict[str, list] = {
     # super-120b: 2000 -> 1510 instructions per fp8 program, 2763 -> 2277 nvfp4);
     # "program": each output program computes them (one head per program, capped at 80
     # registers: 121 -> 111 us per fp8 output step on nano-4b; earlier candidates with 2-4
-    # heads, no cap or 16-row tiles lost by 5-40%).  H200, "launch" against "program":
-    # nvfp4 output 133 / 142 us (nano-4b), 126 / 136 (super-120b); fp8 115 / 110, 119 / 117
+    # heads, no cap or 16-row tiles lost by 5-40%).  H200, "launch" (its heads as one
+    # tile) against "program": nvfp4 output 129 / 143 us (nano-4b), 119 / 137
+    # (super-120b); fp8 109 / 111, 111 / 118
     "split-fp32-fp8": [
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "program"
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "launch"},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program"},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
