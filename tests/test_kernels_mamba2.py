@@ -293,24 +293,14 @@ def test_split_step_with_staggered_phases_equals_fused() -> None:
     assert rel(res["split"][2], res["fused"][2]) < 1e-3
 
 
-def test_split_config_rejects_unknown_out_weights() -> None:
-    cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp32",
-                                 read_format="fp8-e4m3", window=2, device=DEV, launch="split",
-                                 split_config=SplitConfig(out_weights="twice"))
-    kind, params, raws = setup(steps=1, batch=2)
-    r = raws[0]
-    with pytest.raises(ValueError, match="out_weights must be"):
-        mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
-                    HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
-
-
-def test_split_config_rejects_unknown_flush_pass() -> None:
+@pytest.mark.parametrize("field", ["out_weights", "flush_pass"])
+def test_split_config_rejects_unknown_values(field: str) -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
                                  read_format="nvfp4", window=2, device=DEV, launch="split",
-                                 split_config=SplitConfig(flush_pass="twice"))
+                                 split_config=SplitConfig(**{field: "twice"}))
     kind, params, raws = setup(steps=1, batch=2)
     r = raws[0]
-    with pytest.raises(ValueError, match="flush_pass must be"):
+    with pytest.raises(ValueError, match=f"{field} must be"):
         mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
                     HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
 
