@@ -135,17 +135,22 @@ def _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_
 
 
 @triton.jit
-def _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr,
-                   dtb_ptr, s_dtb, s_Bb, s_Cb, H, G, L, LR, g, b, N: tl.constexpr,
-                   RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
-                   HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
-    """Ring weights of the heads of group ``g`` of batch row ``b`` (nothing for padding
-    or flushing rows): per head the weight of each ring entry before ``c``, ``dt_i
-    e^(Lambda_c - Lambda_i) (B_i . C)``, then ``dt B_c . C`` (this step's entry),
-    ``e^Lambda_c`` and ``dt``, as ``RB + 4`` floats at ``wts[(b H + h) (RB + 4)]`` for
-    :func:`m2_out_heads_kernel` (``WEIGHTS``).  Reads the clock, so it runs before the
-    output launch advances it.  The group's ring of B is loaded once; its heads (``HPG``
-    >= heads per group) are one ``[HPG, RB]`` tile."""
+def m2_weights_kernel(
+    wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
+    s_dtb, s_Bb, s_Cb, H, G, L, LR,
+    N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+):
+    """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
+    ``SplitConfig.out_weights="launch"``), a program per (B/C group ``g``, batch row
+    ``b``), launched between the flush and output launches (it reads the clock, which
+    the output launch advances).  Per head of the group, for rows that neither pad nor
+    flush: the weight of each ring entry before ``c``, ``dt_i e^(Lambda_c - Lambda_i)
+    (B_i . C)``, then ``dt B_c . C`` (this step's entry), ``e^Lambda_c`` and ``dt``, as
+    ``RB + 4`` floats at ``wts[(b H + h) (RB + 4)]``.  The group's ring of B is loaded
+    once; its heads (``HPG`` >= heads per group) are one ``[HPG, RB]`` tile."""
+    g = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
     c = tl.load(tickets + tl.maximum(slot, 0)) % L
     if (slot >= 0) & (c != L - 1):
@@ -182,20 +187,6 @@ def _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_pt
                  tl.where(four == 0, (dt * BCc)[:, None],
                           tl.where(four == 1, tl.exp(last)[:, None], dt[:, None])),
                  mask=mh[:, None])
-
-
-@triton.jit
-def m2_weights_kernel(
-    wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
-    s_dtb, s_Bb, s_Cb, H, G, L, LR,
-    N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-):
-    """:func:`_group_weights` as a launch of its own, grid ``(G, batch)``, between the
-    flush and output launches (``SplitConfig.out_weights="launch"``)."""
-    _group_weights(wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr,
-                   dtb_ptr, s_dtb, s_Bb, s_Cb, H, G, L, LR, tl.program_id(0),
-                   tl.program_id(1).to(tl.int64), N, RB, HPG, RING, HAS_DT_BIAS, DT_SOFTPLUS)
 
 
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
@@ -455,8 +446,9 @@ def m2_out_heads_kernel(
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
-    per program ``B_i . C``; per head (a ``tl.range`` pipeline over heads) the decay
-    weights folded into one coefficient per ring entry, then its ``NPB`` tiles
+    per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
+    decay weight times ``B_i . C``: loaded from :func:`m2_weights_kernel` with
+    ``WEIGHTS``, else computed here from the group's ring of B), then its ``NPB`` tiles
     (unrolled) with nothing but the row dot, the ring rows and the gate per tile.
     The step's own entry is a scalar coefficient on x, not a ring-tile select.
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
