@@ -56,6 +56,7 @@ class TritonMamba2Design:
         block_p: int | None = None,
         num_warps: int | None = None,
         launch: str | None = None,
+        rows_per_program: int | None = None,
     ):
         why = supports(design, kind)
         if why is not None:
@@ -67,7 +68,7 @@ class TritonMamba2Design:
             checkpoint_format=design.checkpoint_format,
             read_format=None if design.kind == "shared" else design.read_format,
             window=design.window, ring_dtype=ring_dtype, device=device, seed=seed,
-            keep_fresh=True, launch=launch,
+            keep_fresh=True, launch=launch, rows_per_program=rows_per_program,
         )
         S0 = state0 if state0 is not None else torch.zeros((batch, H, P, N), device=device)
         self.cache.load_state(S0.to(device=device, dtype=torch.float32))

@@ -12,6 +12,13 @@ the loads of tile q+1 before computing tile q, so each program keeps a tile in
 flight instead of waiting on a chain of dependent loads.  The only load before
 the first state tile is the slot index.
 
+``ROW_SPLIT`` (small batches, where latency and not bandwidth decides): one
+program per (batch row, head, ``BLOCK_P``-row tile), so a step has ``NPB`` times
+more programs, each one tile deep; every load of its output path (the whole ring,
+masked afterwards) is issued before the clock's value is used, and a flush folds
+only the program's rows.  Not for nvfp4: its matrix amax would read rows that
+other programs of the same head are rewriting.
+
 Flushes go head by head in ``FB``-row chunks: ``S = exp(Lambda) S_c + (w x)^T B``
 as one tensor-core ``tl.dot`` in tf32x3 (three-pass, ~fp32 accuracy, few
 registers), then encoding: every row-scaled format (fp8 amax per row) is encoded
@@ -151,10 +158,15 @@ def mamba2_kernel(
     MODE: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SPLIT: tl.constexpr,
     RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
-    OUT_ONLY: tl.constexpr = False,
+    OUT_ONLY: tl.constexpr = False, ROW_SPLIT: tl.constexpr = False,
 ):
     b = tl.program_id(1).to(tl.int64)
-    h0 = tl.program_id(0) * HPP
+    if ROW_SPLIT:  # a program per (head, BLOCK_P-row tile): tile q0 of head h0
+        h0 = tl.program_id(0) // NPB
+        q0 = tl.program_id(0) % NPB
+    else:
+        h0 = tl.program_id(0) * HPP
+        q0 = 0
     hpg = H // G
     g = h0 // hpg
     offs_n = tl.arange(0, N)
@@ -170,14 +182,14 @@ def mamba2_kernel(
     slot = tl.load(state_idx + b)
     if slot < 0:  # padding row: zero outputs, no state
         for q in range(NT):
-            h, rows = _tile_rows(q, h0, H, NPB, BLOCK_P)
+            h, rows = _tile_rows(q0 + q, h0, H, NPB, BLOCK_P)
             for k in tl.static_range(T):
                 tl.store(out_b + k * s_ot + h * P + rows, 0.0, mask=rows < P)
         return
     mat0 = slot.to(tl.int64) * H
     # first state tile of the output path (raw codes): depends on the slot only (and,
     # in a split step's output launch, on the row's position: none at its flush)
-    h_0, rows_0 = _tile_rows(0, h0, H, NPB, BLOCK_P)
+    h_0, rows_0 = _tile_rows(q0, h0, H, NPB, BLOCK_P)
     m_0 = rows_0 < P
     if OUT_ONLY:  # output launch of a split step: ring_len holds pos[row]
         c_out = tl.load(ring_len + b)
@@ -191,7 +203,10 @@ def mamba2_kernel(
             t = 0
         else:
             clock = tl.load(tickets + slot)  # advanced at the program's end, after a barrier
-            k_step = clock // (H // HPP)
+            if ROW_SPLIT:
+                k_step = clock // ((H // HPP) * NPB)
+            else:
+                k_step = clock // (H // HPP)
             c = k_step % L
             t = k_step
         half = 0
@@ -210,7 +225,26 @@ def mamba2_kernel(
         # ======================= replay step ====================================
         B_t = ring_round(tl.load(B_b + offs_n).to(tl.float32), RING)
         C_t = tl.load(C_b + offs_n).to(tl.float32)
-        rB = ring_load(rB_b + oB, (offs_r < c)[:, None], RING)
+        if ROW_SPLIT:
+            # latency (small batches): the output path's loads are all issued before
+            # the clock's value is needed (whole ring, masked afterwards)
+            full = offs_r < L
+            rB = ring_load(rB_b + oB, full[:, None], RING)
+            A_h, D_h, dtb = head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+            rx = ring_load_raw(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
+                               full[:, None] & (rows_0 < P)[None, :], RING)
+            rdt = tl.load(rdt_b + h_0 + offs_r * H, mask=full, other=0.0)
+            x = tl.load(x_b + h_0 * P + rows_0, mask=rows_0 < P, other=0.0)
+            z = 0.0
+            if HAS_Z:
+                z = tl.load(z_b + h_0 * P + rows_0, mask=rows_0 < P, other=0.0)
+            dt_raw = tl.load(dt_b + h_0)
+            mr = offs_r < c
+            rB = tl.where(mr[:, None], rB, 0.0)
+            rx = tl.where(mr[:, None], rx, tl.zeros_like(rx))
+            rdt = tl.where(mr, rdt, 0.0)
+        else:
+            rB = ring_load(rB_b + oB, (offs_r < c)[:, None], RING)
         eB = tl.where((offs_r == c)[:, None], B_t[None, :], rB)
         if c + 1 >= L:
             # ---- flush: fold all L entries, write checkpoint (+ read copy) -------
@@ -236,7 +270,7 @@ def mamba2_kernel(
                                          CK_FMT, FB, N, RING, True)
                         amax = tl.maximum(amax, matrix_amax(Sn))
                 for qq in range(NQ):
-                    rows = qq * FB + tl.arange(0, FB)
+                    rows = q0 * BLOCK_P + qq * FB + tl.arange(0, FB)
                     m = rows < P
                     x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
                     Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_b + h * P, HP,
@@ -258,23 +292,24 @@ def mamba2_kernel(
             # ---- output: y = exp(L) S_read C + sum_i w_i (B_i.C) x_i + D x --------
             BC = tl.sum(eB * C_t[None, :], axis=1)
             mr = offs_r < c
-            # small inputs of tile 0; tile q+1's raw loads are issued before tile q is
-            # computed and converted only when used, so the prefetch never stalls
-            A_h, D_h, dtb = head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-            m = rows_0 < P
-            rx = ring_load_raw(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
-                               mr[:, None] & m[None, :], RING)
-            rdt = tl.load(rdt_b + h_0 + offs_r * H, mask=mr, other=0.0)
-            x = tl.load(x_b + h_0 * P + rows_0, mask=m, other=0.0)
-            z = 0.0
-            if HAS_Z:
-                z = tl.load(z_b + h_0 * P + rows_0, mask=m, other=0.0)
-            dt_raw = tl.load(dt_b + h_0)
+            if not ROW_SPLIT:  # (loaded above when ROW_SPLIT)
+                # small inputs of tile 0; tile q+1's raw loads are issued before tile q
+                # is computed and converted only when used, so the prefetch never stalls
+                A_h, D_h, dtb = head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                m = rows_0 < P
+                rx = ring_load_raw(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
+                                   mr[:, None] & m[None, :], RING)
+                rdt = tl.load(rdt_b + h_0 + offs_r * H, mask=mr, other=0.0)
+                x = tl.load(x_b + h_0 * P + rows_0, mask=m, other=0.0)
+                z = 0.0
+                if HAS_Z:
+                    z = tl.load(z_b + h_0 * P + rows_0, mask=m, other=0.0)
+                dt_raw = tl.load(dt_b + h_0)
             for q in range(NT):
-                h, rows = _tile_rows(q, h0, H, NPB, BLOCK_P)
+                h, rows = _tile_rows(q0 + q, h0, H, NPB, BLOCK_P)
                 m = rows < P
                 # ---- prefetch tile q + 1 (raw)
-                h2, rows2 = _tile_rows(q + 1, h0, H, NPB, BLOCK_P)
+                h2, rows2 = _tile_rows(q0 + q + 1, h0, H, NPB, BLOCK_P)
                 m2 = (rows2 < P) & (q + 1 < NT)
                 cc2, cs12, cs22 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h2, rows2, m2, P, RD_FMT,
                                              BLOCK_P, N)
@@ -299,11 +334,15 @@ def mamba2_kernel(
                 y = y + tl.sum((w * BC)[:, None] * ex, axis=0)
                 tl.store(out_b + h * P + rows, gate(y, xf, z.to(tl.float32), D_h, HAS_Z), mask=m)
                 ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
-                if q % NPB == 0:
+                if (q0 + q) % NPB == 0:
                     tl.store(rdt_b + c * H + h, dt)
                 cc, cs1, cs2, rx, rdt, x, z, dt_raw = cc2, cs12, cs22, rx2, rdt2, x2, z2, dt_raw2
                 A_h, D_h, dtb = A2, D2, dtb2
-            if h0 % hpg == 0:
+            if ROW_SPLIT:
+                first = (h0 % hpg == 0) & (q0 == 0)
+            else:
+                first = h0 % hpg == 0
+            if first:
                 ring_store(rB_b + c * (G * N) + offs_n, B_t, offs_n < N, RING)
         if OUT_ONLY:  # split step: the clock counts steps, nobody here reads it
             if tl.program_id(0) == 0:

@@ -139,7 +139,9 @@ class Mamba2Cache:
     ``speculative`` cache has two ring halves and explicit ``ring_len`` (committed
     entries | half << 16) and ``steps`` that only :func:`mamba2_commit` writes.
     ``heads_per_program`` fixes the one-launch kernel's work split (its clock counts
-    programs), so it is chosen once per cache.  ``launch`` is "fused" (one launch
+    programs), so it is chosen once per cache, as is ``rows_per_program`` (fused
+    launch only: a program per head and block of that many rows instead of whole
+    heads; for small batches, not with nvfp4).  ``launch`` is "fused" (one launch
     per step, :mod:`mamba2_kernel`) or "split" (a flush launch and an output launch,
     :mod:`mamba2_fast`; the clock counts steps); also fixed per cache.
     """
@@ -154,6 +156,7 @@ class Mamba2Cache:
     tickets: torch.Tensor
     window: int
     heads_per_program: int = 1
+    rows_per_program: int | None = None
     seed: int = 0
     fresh: torch.Tensor | None = None
     launch: str = "fused"
@@ -184,24 +187,31 @@ class Mamba2Cache:
         heads_per_program: int | None = None,
         launch: str | None = None,
         split_config: SplitConfig | None = None,
+        rows_per_program: int | None = None,
     ) -> Mamba2Cache:
         """Zero state, empty rings.  ``read_format=None`` is a shared design;
         ``keep_fresh`` also keeps the fp32 state of every flush in ``fresh``;
         ``speculative`` gives each slot two ring halves (verify/commit only);
-        ``launch``: "fused" or "split" (None: split from ``SPLIT_MIN_ROWS`` slot-heads)."""
+        ``launch``: "fused" or "split" (None: split from ``SPLIT_MIN_ROWS`` slot-heads);
+        ``rows_per_program``: fused launch only, a power of two >= 16 (None: whole
+        heads)."""
         shape = (slots, heads, headdim, dstate)
         if ring_dtype not in _RING_IDS:
             raise ValueError(f"ring dtype must be fp32, bf16 or fp16, got {ring_dtype}")
         if window < 1:
             raise ValueError("window must be >= 1")
-        hpp = heads_per_program or default_heads_per_program(slots, heads, groups)
-        if (heads // groups) % hpp:
-            raise ValueError(f"heads_per_program {hpp} must divide heads per group "
-                             f"{heads // groups}")
         if launch is None:
             launch = "split" if slots * heads >= SPLIT_MIN_ROWS else "fused"
         if launch not in ("fused", "split"):
             raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
+        if rows_per_program is not None:
+            _check_rows_per_program(rows_per_program, launch, speculative, heads_per_program,
+                                    (checkpoint_format, read_format))
+            heads_per_program = 1
+        hpp = heads_per_program or default_heads_per_program(slots, heads, groups)
+        if (heads // groups) % hpp:
+            raise ValueError(f"heads_per_program {hpp} must divide heads per group "
+                             f"{heads // groups}")
         i32 = dict(dtype=torch.int32, device=device)
         cap = 2 * window if speculative else window
         cache = cls(
@@ -215,6 +225,7 @@ class Mamba2Cache:
             tickets=torch.zeros(slots, **i32),
             window=window,
             heads_per_program=hpp,
+            rows_per_program=rows_per_program,
             seed=seed,
             fresh=torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh else None,
             launch=launch,
@@ -245,6 +256,8 @@ class Mamba2Cache:
         """Increments of a slot's clock per replay step."""
         if self.launch == "split":
             return 1
+        if self.rows_per_program:
+            return self.shape[1] * triton.cdiv(self.shape[2], self.rows_per_program)
         return self.shape[1] // self.heads_per_program
 
     def steps_taken(self) -> torch.Tensor:
@@ -278,6 +291,21 @@ class Mamba2Cache:
     def state_bytes(self) -> tuple[int, int]:
         """``(checkpoint bytes, read-copy bytes)`` over all slots."""
         return self.ckpt.nbytes(), self.reader.nbytes()
+
+
+def _check_rows_per_program(rpp: int, launch: str, speculative: bool, hpp: int | None,
+                            formats: tuple[str, str | None]) -> None:
+    """Reject a ``rows_per_program`` the one-launch kernel cannot run."""
+    if rpp < FLUSH_ROWS or rpp & (rpp - 1):
+        raise ValueError(f"rows_per_program must be a power of two >= {FLUSH_ROWS}, "
+                         f"got {rpp}")
+    if launch != "fused" or speculative:
+        raise ValueError("rows_per_program is for plain caches of the fused launch")
+    if hpp not in (None, 1):
+        raise ValueError("rows_per_program needs heads_per_program 1")
+    if "nvfp4" in formats:
+        raise ValueError("rows_per_program does not work with nvfp4 (its per-matrix "
+                         "amax needs the whole head in one program)")
 
 
 def slot_indices(batch: int, device: torch.device) -> torch.Tensor:
@@ -356,7 +384,10 @@ def launch_replay(
     G = B.shape[-2]
     rd = read if read is not None else ckpt
     ids = (ckpt.fmt_id, rd.fmt_id)
-    bp = pick_block_p(P, N, ids, block_p)
+    rpp = cache.rows_per_program if mode == MODE_STEP else None
+    if rpp and block_p not in (None, rpp):
+        raise ValueError(f"block_p {block_p} differs from the cache's rows_per_program {rpp}")
+    bp = rpp or pick_block_p(P, N, ids, block_p)
     nw = pick_warps(bp, N, num_warps)
     hpp = cache.heads_per_program
     ring_id = _RING_IDS[cache.ring_x.dtype]
@@ -366,7 +397,10 @@ def launch_replay(
     L, LR = cache.window, cache.ring_x.shape[1]
     npb = triton.cdiv(P, bp)
     fb = FLUSH_ROWS
-    mamba2_kernel[(H // hpp, x.shape[0])](
+    # row split: a program per (head, tile), its flush over its own rows only
+    grid0, nt, nq = (H * npb, 1, bp // fb) if rpp else (H // hpp, hpp * npb,
+                                                         triton.cdiv(P, fb))
+    mamba2_kernel[(grid0, x.shape[0])](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
         rx, rB, cache.ring_dt, cache.ring_len, cache.steps, cache.tickets, state_indices,
@@ -377,13 +411,13 @@ def launch_replay(
         *_strides(x, tok), *_strides(dt, tok), *_strides(B, tok), *_strides(C, tok),
         *_strides(z, tok), *_strides(out, tok),
         H, G, P, L, LR,
-        N=N, BLOCK_P=bp, NPB=npb, HPP=hpp, NT=hpp * npb, FB=fb, NQ=triton.cdiv(P, fb),
+        N=N, BLOCK_P=bp, NPB=npb, HPP=hpp, NT=nt, FB=fb, NQ=nq,
         RB=max(16, triton.next_power_of_2(L)), T=T, TB=max(2, triton.next_power_of_2(T)),
         MODE=mode, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None,
         RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
         HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus,
         WRITE_FRESH=cache.fresh is not None, NEED_AMAX=FMT_NVFP4 in ids,
-        num_warps=nw,
+        ROW_SPLIT=bool(rpp), num_warps=nw,
     )
 
 

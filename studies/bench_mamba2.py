@@ -60,6 +60,7 @@ CANDIDATES: dict[str, list] = {
         # 80 registers hold the group programs to 6 per SM (37.5% occupancy, 81% of DRAM
         # bandwidth in Nsight Compute); at 64 (12 bytes of spill offline) 8 fit
         {**_GR, "block_p": 16, "heads_per_program": 4, "maxnreg": 64},
+        {**_GR, "block_p": 16, "heads_per_program": 2},
     ],
     # Nsight Compute (nano-4b, batch 256): the 1-warp output programs are held to 16 per
     # SM by their registers (25% occupancy; fp8 at 60% of DRAM bandwidth, nvfp4 at 33%),
@@ -90,11 +91,21 @@ CANDIDATES: dict[str, list] = {
     "verify-T4": [(16, 1, "staged-dot"), (32, 1, "staged-dot"), (32, 2, "staged-dot"),
                   (32, 1, "staged"), (16, 4)],
 }
-# (block_p, num_warps[, verify_launch]) tuned again at the smallest batch below 16, where
-# each step is one short launch and latency, not bandwidth, decides
-SMALL_CANDIDATES: dict[str, list[tuple]] = {
+# tuned again at the smallest batch below 16, where each step is one short launch and
+# latency, not bandwidth, decides: (block_p, num_warps[, verify_launch]), and for the
+# replay designs one-launch candidates: whole heads per program (the kernel's default
+# tiles) or a program per (head, rows_per_program rows; not with nvfp4)
+_FUSED = {"launch": "fused"}
+_ROWS = [{**_FUSED, "rows_per_program": 16, "num_warps": 4},
+         {**_FUSED, "rows_per_program": 16, "num_warps": 2},
+         {**_FUSED, "rows_per_program": 32, "num_warps": 4}]
+SMALL_CANDIDATES: dict[str, list] = {
     "conventional": [(16, 4), (8, 4), (4, 4), (8, 2), (4, 2), (32, 4)],
     "verify-T4": [(16, 1, "staged-dot"), (32, 1, "staged"), (16, 4)],
+    "replay-fp32": [_FUSED, *_ROWS],
+    "split-fp32-fp8": [_FUSED, *_ROWS],
+    "split-fp16sr-nvfp4": [_FUSED, {**_FUSED, "block_p": 32, "num_warps": 4},
+                           {**_FUSED, "block_p": 16, "num_warps": 2}],
 }
 _F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
@@ -102,6 +113,7 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
         _F3,
         dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
         dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=5, flush_maxnreg=96),
+        dict(flush_rows=16, flush_stages=4, flush_ctas_per_sm=4, flush_maxnreg=0),
     ],
     "split-fp32-fp8": [
         dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=128),
@@ -289,11 +301,12 @@ class _Runner:
         launch = cfg.get("launch")
         phases = cfg.get("phases", "aligned")
         split_cfg = SplitConfig(**{k: v for k, v in cfg.items()
-                                   if k not in ("launch", "phases")})
+                                   if k not in ("launch", "phases", "rows_per_program")})
         cache = Mamba2Cache.allocate(prob.batch, prob.H, prob.P, prob.N, prob.G,
                                      checkpoint_format=ck, read_format=rd, window=L,
                                      device=prob.device, seed=1, launch=launch,
-                                     split_config=split_cfg)
+                                     split_config=split_cfg,
+                                     rows_per_program=cfg.get("rows_per_program"))
         cache.load_state(prob.state())
         inp = prob.step_inputs()
         head = HeadParams(prob.A, prob.D, prob.dt_bias)
@@ -379,7 +392,7 @@ def warm_mamba2(models: Sequence[str] = MODELS, *, batches: Sequence[int] = (256
                 shards: int = 1, device: str = "cuda", log: Callable[[str], None] = print
                 ) -> int:
     """Compile (into Triton's on-disk cache) every replay and verify candidate of
-    ``CANDIDATES`` (and verify's ``SMALL_CANDIDATES``) at these shapes, taking every
+    ``CANDIDATES`` (and ``SMALL_CANDIDATES`` at batches below 16) at these shapes, taking every
     ``shards``-th job from ``shard``: run several of these processes side by side,
     then :func:`bench_mamba2` finds its kernels compiled.  Returns the number of jobs
     run."""
@@ -399,6 +412,8 @@ def warm_mamba2(models: Sequence[str] = MODELS, *, batches: Sequence[int] = (256
                     jobs.append((m, b, k, {**c, **fl[0]} if c.get("launch") == "split" else c))
                 for f in fl[1:]:  # flush variants (output kernel as the first candidate's)
                     jobs.append((m, b, k, {**CANDIDATES[k][0], **f}))
+                if b < 16:  # the one-launch candidates of small batches
+                    jobs.extend((m, b, k, c) for c in SMALL_CANDIDATES.get(k, []))
     done = 0
     for i, (m, b, k, c) in enumerate(jobs):
         if i % shards != shard:
@@ -584,7 +599,8 @@ def bench_mamba2(
                     best = (us, cfg)
             if best is not None:
                 cfgs[f"{k}@small"] = best[1]
-                chosen[f"{model}/{k}@b{small_batch}"] = list(best[1])
+                chosen[f"{model}/{k}@b{small_batch}"] = (
+                    best[1] if isinstance(best[1], dict) else list(best[1]))
         for bi, batch in enumerate(batches):
             prob = _Problem(model, batch, dev)
             for wi, L in enumerate(all_windows):
@@ -594,9 +610,11 @@ def bench_mamba2(
                     if L != windows[0] and k in ("conventional", "mamba_ssm", "verify-T4"):
                         continue
                     cfg = cfgs.get(k, (None, None))
-                    if batch < 16 and f"{k}@small" in cfgs:
+                    small = batch < 16 and f"{k}@small" in cfgs
+                    if small:
                         cfg = cfgs[f"{k}@small"]
-                    if k in DESIGNS and k != "verify-T4" and batch * prob.H < SPLIT_MIN_ROWS:
+                    if (k in DESIGNS and k != "verify-T4" and batch * prob.H < SPLIT_MIN_ROWS
+                            and not small):
                         # small batches: the one-launch kernel (its tuned candidate if any)
                         cfg = next((c for c in CANDIDATES.get(k, []) if isinstance(c, dict)
                                     and c.get("launch") == "fused"), {"launch": "fused"})

@@ -172,7 +172,10 @@ FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
                                                   flush_encoder="ref")}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
-            if "nvfp4" in (d.checkpoint_format, d.read_format)])
+            if "nvfp4" in (d.checkpoint_format, d.read_format)]
+         # the one-launch kernel with a program per (head, 16-row tile): small batches
+         + [(d, r, "fused-rows") for d, r in DESIGNS
+            if "nvfp4" not in (d.checkpoint_format, d.read_format)])
 
 
 @pytest.mark.parametrize("design,ring_dtype,launch", CASES,
@@ -188,7 +191,8 @@ def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
     ref = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     mirror = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0,
-                              launch="split" if launch in FAST_ENC else launch)
+                              launch="split" if launch in FAST_ENC else launch.split("-")[0],
+                              rows_per_program=16 if launch == "fused-rows" else None)
     cache = ours.cache
     if launch in FAST_ENC:
         cache.split_config = FAST_ENC[launch]
@@ -217,6 +221,8 @@ def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
 
 SPLIT_CONFIGS = {
     "fused": ("fused", None),
+    # one-launch kernel, a program per (head, 16-row tile)
+    "fused-rows": ("fused", None),
     "split": ("split", None),
     # output: one tile per program; flush: 16-row units (a head in two), one-stage loops
     "split-1tile": ("split", SplitConfig(out_kernel="tiles", tiles_per_program=1, stages=1,
@@ -247,9 +253,10 @@ def test_replay_slots_padding_and_bf16_inputs(variant) -> None:
     S_all = state0(5)
     idx = torch.tensor([4, -1, 1], dtype=torch.int32, device=DEV)
     launch, cfg = SPLIT_CONFIGS[variant]
+    work = dict(rows_per_program=16) if variant == "fused-rows" else dict(heads_per_program=2)
     cache = Mamba2Cache.allocate(5, H, P, N, G, checkpoint_format="fp32",
                                  read_format="fp8-e4m3", window=L, device=DEV, seed=1,
-                                 heads_per_program=2, launch=launch, split_config=cfg)
+                                 launch=launch, split_config=cfg, **work)
     cache.load_state(S_all)
     keep = idx >= 0
     rows = idx[keep].long()
@@ -303,6 +310,56 @@ def test_split_config_rejects_unknown_values(field: str) -> None:
     with pytest.raises(ValueError, match=f"{field} must be"):
         mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
                     HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(rows_per_program=8), "power of two >= 16"),
+    (dict(rows_per_program=24), "power of two >= 16"),
+    (dict(rows_per_program=16, read_format="nvfp4"), "nvfp4"),
+    (dict(rows_per_program=16, launch="split"), "fused launch"),
+    (dict(rows_per_program=16, speculative=True), "fused launch"),
+    (dict(rows_per_program=16, heads_per_program=2), "heads_per_program 1"),
+])
+def test_rows_per_program_rejects_what_it_cannot_run(kwargs, match) -> None:
+    args = dict(checkpoint_format="fp32", window=2, device=DEV, launch="fused") | kwargs
+    with pytest.raises(ValueError, match=match):
+        Mamba2Cache.allocate(2, H, P, N, G, **args)
+
+
+@pytest.mark.parametrize("rows", [None, 16])
+def test_stale_ring_entries_never_reach_the_output(rows) -> None:
+    """Ring entries past the slot's position (last window's, here NaN) do not leak
+    into outputs or flushes: the row-split kernel loads the whole ring and masks it."""
+    L, batch = 4, 2
+    kind, params, raws = setup(steps=2 * L, batch=batch, seed=3)
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    ys = {}
+    for poison in (False, True):
+        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp32",
+                                     read_format="fp8-e4m3", window=L, device=DEV,
+                                     launch="fused", rows_per_program=rows)
+        cache.load_state(state0(batch))
+        ys[poison] = []
+        for t, r in enumerate(raws):
+            c = t % L
+            if poison and c > 0:
+                for ring in (cache.ring_x, cache.ring_B, cache.ring_dt):
+                    ring[:, c:] = float("nan")
+            ys[poison].append(mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head,
+                                          z=r["z"], dt_softplus=True))
+    for a, b in zip(ys[False], ys[True], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_rows_per_program_block_p_must_agree() -> None:
+    cache = Mamba2Cache.allocate(2, H, P, N, G, window=2, device=DEV, launch="fused",
+                                 rows_per_program=16)
+    kind, params, raws = setup(steps=1, batch=2)
+    r = raws[0]
+    assert cache.programs_per_slot == H * 2  # 24 rows: two 16-row programs per head
+    with pytest.raises(ValueError, match="rows_per_program"):
+        mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], HeadParams(params.A),
+                    block_p=32)
 
 
 # ------------------------------------------------------- fast nvfp4 flush encoder
@@ -473,15 +530,18 @@ def test_spec_accepted_outputs_equal_plain_decoding(verify_launch) -> None:
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("launch", ["fused", "split"])
+@pytest.mark.parametrize("launch", ["fused", "split", "fused-rows"])
 def test_cuda_graph_replay_walks_the_window(launch) -> None:
     batch, L = 4, 4
     kind, params, raws = setup(steps=1, batch=batch)
     inp = kind.prepare(raws[0], params, torch.bfloat16)
     head = HeadParams(params.A, params.D)
+    rows = launch == "fused-rows"  # (not with nvfp4)
     mk = lambda: Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp16-sr",  # noqa: E731
-                                      read_format="nvfp4", window=L, device=DEV, seed=3,
-                                      launch=launch)
+                                      read_format="fp8-e4m3" if rows else "nvfp4",
+                                      window=L, device=DEV, seed=3,
+                                      launch=launch.split("-")[0],
+                                      rows_per_program=16 if rows else None)
     eager, graphed = mk(), mk()
     S0 = state0(batch)
     eager.load_state(S0)
