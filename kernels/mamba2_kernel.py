@@ -16,8 +16,8 @@ the first state tile is the slot index.
 program per (batch row, head, ``BLOCK_P``-row tile), so a step has ``NPB`` times
 more programs, each one tile deep; every load of its output path (the whole ring,
 masked afterwards) is issued before the clock's value is used, and a flush folds
-only the program's rows.  Not for nvfp4: its matrix amax would read rows that
-other programs of the same head are rewriting.
+only the program's rows -- except for nvfp4, whose matrix amax needs every row: there
+the head's first program folds the whole head and the others only output.
 
 Flushes go head by head in ``FB``-row chunks: ``S = exp(Lambda) S_c + (w x)^T B``
 as one tensor-core ``tl.dot`` in tf32x3 (three-pass, ~fp32 accuracy, few
@@ -59,6 +59,7 @@ from .tl_formats import (
     store_state,
     tile_offsets,
 )
+from .tl_mamba2_fast import store_fast
 
 MODE_STEP = 1
 MODE_VERIFY = 2
@@ -72,6 +73,17 @@ def _tile_rows(q, h0, H, NPB: tl.constexpr, BLOCK_P: tl.constexpr):
     h = tl.minimum(h0 + q // NPB, H - 1)
     rows = (q % NPB) * BLOCK_P + tl.arange(0, BLOCK_P)
     return h, rows
+
+
+@triton.jit
+def _folds_here(q0, NEED_AMAX: tl.constexpr, ROW_SPLIT: tl.constexpr):
+    """Whether a program folds its heads at its flush step: a row-split nvfp4 program
+    folds its whole head only if it is the head's first (the matrix amax needs every
+    row); every other program folds its own rows."""
+    if NEED_AMAX and ROW_SPLIT:
+        return q0 == 0
+    else:
+        return True
 
 
 @triton.jit
@@ -159,6 +171,7 @@ def mamba2_kernel(
     RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
     OUT_ONLY: tl.constexpr = False, ROW_SPLIT: tl.constexpr = False,
+    HW_CVT: tl.constexpr = False,
 ):
     b = tl.program_id(1).to(tl.int64)
     if ROW_SPLIT:  # a program per (head, BLOCK_P-row tile): tile q0 of head h0
@@ -248,46 +261,54 @@ def mamba2_kernel(
         eB = tl.where((offs_r == c)[:, None], B_t[None, :], rB)
         if c + 1 >= L:
             # ---- flush: fold all L entries, write checkpoint (+ read copy) -------
-            for hh in range(HPP * (1 - OUT_ONLY)):  # (the split flush launch did it)
-                h = h0 + hh
-                mat = mat0 + h
-                A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-                dt_h = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-                rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
-                edt = tl.where(offs_r == c, dt_h, rdt)
-                last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
-                s2_old = 0.0
-                if CK_FMT == K_NVFP4:
-                    s2_old = tl.load(ck_s2 + mat)
-                amax = 0.0
-                if NEED_AMAX:  # nvfp4 matrix scale: amax of the head's fresh state
+            # rows from r0 (a row-split program's own rows); nvfp4 needs the whole
+            # head's amax, so there the head's first program folds the whole head
+            r0 = q0 * BLOCK_P
+            if NEED_AMAX:
+                r0 = 0
+            if _folds_here(q0, NEED_AMAX, ROW_SPLIT):
+                for hh in range(HPP * (1 - OUT_ONLY)):  # (the split flush launch did it)
+                    h = h0 + hh
+                    mat = mat0 + h
+                    A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                    dt_h = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                    rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
+                    edt = tl.where(offs_r == c, dt_h, rdt)
+                    last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
+                    s2_old = 0.0
+                    if CK_FMT == K_NVFP4:
+                        s2_old = tl.load(ck_s2 + mat)
+                    amax = 0.0
+                    if NEED_AMAX:  # nvfp4 matrix scale: amax of the head's fresh state
+                        for qq in range(NQ):
+                            rows = qq * FB + tl.arange(0, FB)
+                            m = rows < P
+                            x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                            Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
+                                             rx_b + h * P, HP, offs_r, c, last, w, eB, x_c, c,
+                                             CK_FMT, FB, N, RING, True)
+                            amax = tl.maximum(amax, matrix_amax(Sn))
                     for qq in range(NQ):
-                        rows = qq * FB + tl.arange(0, FB)
+                        rows = r0 + qq * FB + tl.arange(0, FB)
                         m = rows < P
                         x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
                         Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
                                          rx_b + h * P, HP, offs_r, c, last, w, eB, x_c, c,
                                          CK_FMT, FB, N, RING, True)
-                        amax = tl.maximum(amax, matrix_amax(Sn))
-                for qq in range(NQ):
-                    rows = q0 * BLOCK_P + qq * FB + tl.arange(0, FB)
-                    m = rows < P
-                    x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
-                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_b + h * P, HP,
-                                     offs_r, c, last, w, eB, x_c, c, CK_FMT, FB, N, RING, True)
-                    y = tl.sum(Sn * C_t[None, :], axis=1)
-                    z_c = 0.0
-                    if HAS_Z:
-                        z_c = tl.load(z_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
-                    tl.store(out_b + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
-                    store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax,
-                                CK_FMT, FB, N)
-                    if SPLIT:
-                        store_state(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
-                                    RD_FMT, FB, N)
-                    if WRITE_FRESH:
-                        tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
-                                 mask=m[:, None])
+                        y = tl.sum(Sn * C_t[None, :], axis=1)
+                        z_c = 0.0
+                        if HAS_Z:
+                            z_c = tl.load(z_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                        tl.store(out_b + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
+                        # the division-free encoders (same bits as tl_formats')
+                        store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax,
+                                   CK_FMT, FB, N, HW_CVT, True)
+                        if SPLIT:
+                            store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
+                                       RD_FMT, FB, N, HW_CVT, True)
+                        if WRITE_FRESH:
+                            tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
+                                     mask=m[:, None])
         else:
             # ---- output: y = exp(L) S_read C + sum_i w_i (B_i.C) x_i + D x --------
             BC = tl.sum(eB * C_t[None, :], axis=1)

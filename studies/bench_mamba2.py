@@ -93,19 +93,21 @@ CANDIDATES: dict[str, list] = {
 }
 # tuned again at the smallest batch below 16, where each step is one short launch and
 # latency, not bandwidth, decides: (block_p, num_warps[, verify_launch]), and for the
-# replay designs one-launch candidates: whole heads per program (the kernel's default
-# tiles) or a program per (head, rows_per_program rows; not with nvfp4)
+# replay designs one-launch candidates: a program per (head, 16 rows), the default
+# (H200, batch 1: replay fp32 9.4 / 9.2 us per step against 11.1 / 10.4 with whole
+# heads, nano-4b / super-120b; 32 rows 9.7 / 9.8), or whole heads (rows_per_program 0);
+# nvfp4 also with its whole-head flush (done by the head's first program) in 64- or
+# 128-row chunks (flush_rows) instead of 16
 _FUSED = {"launch": "fused"}
-_ROWS = [{**_FUSED, "rows_per_program": 16, "num_warps": 4},
-         {**_FUSED, "rows_per_program": 16, "num_warps": 2},
-         {**_FUSED, "rows_per_program": 32, "num_warps": 4}]
+_ROWS = [{**_FUSED, "num_warps": 4}, {**_FUSED, "num_warps": 2},
+         {**_FUSED, "num_warps": 1}, {**_FUSED, "rows_per_program": 0}]
 SMALL_CANDIDATES: dict[str, list] = {
     "conventional": [(16, 4), (8, 4), (4, 4), (8, 2), (4, 2), (32, 4)],
     "verify-T4": [(16, 1, "staged-dot"), (32, 1, "staged"), (16, 4)],
-    "replay-fp32": [_FUSED, *_ROWS],
-    "split-fp32-fp8": [_FUSED, *_ROWS],
-    "split-fp16sr-nvfp4": [_FUSED, {**_FUSED, "block_p": 32, "num_warps": 4},
-                           {**_FUSED, "block_p": 16, "num_warps": 2}],
+    "replay-fp32": _ROWS,
+    "split-fp32-fp8": _ROWS,
+    "split-fp16sr-nvfp4": [*_ROWS, {**_FUSED, "num_warps": 4, "flush_rows": 64},
+                           {**_FUSED, "num_warps": 8, "flush_rows": 128}],
 }
 _F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {

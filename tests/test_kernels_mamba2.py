@@ -173,9 +173,11 @@ FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
             if "nvfp4" in (d.checkpoint_format, d.read_format)]
-         # the one-launch kernel with a program per (head, 16-row tile): small batches
-         + [(d, r, "fused-rows") for d, r in DESIGNS
-            if "nvfp4" not in (d.checkpoint_format, d.read_format)])
+         # the one-launch kernel with a program per (head, 16-row tile): small batches;
+         # nvfp4 also with its whole head folded as one 32-row chunk
+         + [(d, r, "fused-rows") for d, r in DESIGNS]
+         + [(d, r, "fused-rows-fb32") for d, r in DESIGNS
+            if "nvfp4" in (d.checkpoint_format, d.read_format)])
 
 
 @pytest.mark.parametrize("design,ring_dtype,launch", CASES,
@@ -192,10 +194,12 @@ def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
     mirror = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0,
                               launch="split" if launch in FAST_ENC else launch.split("-")[0],
-                              rows_per_program=16 if launch == "fused-rows" else None)
+                              rows_per_program=16 if "rows" in launch else 0)
     cache = ours.cache
     if launch in FAST_ENC:
         cache.split_config = FAST_ENC[launch]
+    if launch == "fused-rows-fb32":
+        cache.split_config = SplitConfig(flush_rows=32)
     lossless = design.read_format == design.checkpoint_format == "fp32"
     for t, raw in enumerate(raws):
         inp = kind.prepare(raw, params, ring_dtype)
@@ -315,7 +319,6 @@ def test_split_config_rejects_unknown_values(field: str) -> None:
 @pytest.mark.parametrize("kwargs,match", [
     (dict(rows_per_program=8), "power of two >= 16"),
     (dict(rows_per_program=24), "power of two >= 16"),
-    (dict(rows_per_program=16, read_format="nvfp4"), "nvfp4"),
     (dict(rows_per_program=16, launch="split"), "fused launch"),
     (dict(rows_per_program=16, speculative=True), "fused launch"),
     (dict(rows_per_program=16, heads_per_program=2), "heads_per_program 1"),
@@ -326,7 +329,7 @@ def test_rows_per_program_rejects_what_it_cannot_run(kwargs, match) -> None:
         Mamba2Cache.allocate(2, H, P, N, G, **args)
 
 
-@pytest.mark.parametrize("rows", [None, 16])
+@pytest.mark.parametrize("rows", [0, 16])
 def test_stale_ring_entries_never_reach_the_output(rows) -> None:
     """Ring entries past the slot's position (last window's, here NaN) do not leak
     into outputs or flushes: the row-split kernel loads the whole ring and masks it."""
@@ -349,6 +352,17 @@ def test_stale_ring_entries_never_reach_the_output(rows) -> None:
                                           z=r["z"], dt_softplus=True))
     for a, b in zip(ys[False], ys[True], strict=True):
         assert torch.equal(a, b)
+
+
+def test_rows_per_program_default() -> None:
+    """Plain fused caches split heads into 16-row programs; speculative ones, split
+    launches and explicit multi-head programs keep whole heads."""
+    mk = lambda **kw: Mamba2Cache.allocate(2, H, P, N, G, window=2, device=DEV, **kw)  # noqa: E731
+    assert mk(launch="fused").rows_per_program == 16
+    assert mk(launch="fused", read_format="nvfp4").rows_per_program == 16
+    assert mk(launch="fused", heads_per_program=2).rows_per_program == 0
+    assert mk(launch="fused", speculative=True).rows_per_program == 0
+    assert mk(launch="split").rows_per_program == 0
 
 
 def test_rows_per_program_block_p_must_agree() -> None:
@@ -536,12 +550,12 @@ def test_cuda_graph_replay_walks_the_window(launch) -> None:
     kind, params, raws = setup(steps=1, batch=batch)
     inp = kind.prepare(raws[0], params, torch.bfloat16)
     head = HeadParams(params.A, params.D)
-    rows = launch == "fused-rows"  # (not with nvfp4)
+    rows = launch == "fused-rows"
     mk = lambda: Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp16-sr",  # noqa: E731
                                       read_format="fp8-e4m3" if rows else "nvfp4",
                                       window=L, device=DEV, seed=3,
                                       launch=launch.split("-")[0],
-                                      rows_per_program=16 if rows else None)
+                                      rows_per_program=16 if rows else 0)
     eager, graphed = mk(), mk()
     S0 = state0(batch)
     eager.load_state(S0)
