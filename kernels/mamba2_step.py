@@ -61,9 +61,10 @@ def default_heads_per_program(slots: int, heads: int, groups: int, sms: int = 13
 
 ROWS_PER_PROGRAM = 16
 """Default ``rows_per_program`` of a plain cache of the fused launch (one-launch
-kernel, small batches): on an H200 at batch 1 a replay fp32 step took 9.4 instead of
-11.1 us (nemotron-3-nano-4b) and 9.2 instead of 10.4 (nemotron-3-super-120b) than with
-whole heads per program."""
+kernel, small batches).  H200, batch 1, per replay step against whole heads per
+program (nemotron-3-nano-4b / -super-120b): fp32 9.2 / 9.0 us against 10.9 / 10.2,
+fp32 + fp8 8.8 / 8.8 against 10.9 / 9.9.  Not for nvfp4 copies, whose matrix amax
+leaves the whole head's flush to one program: 12.2 / 12.4 against 11.6 / 9.3."""
 
 SPLIT_MIN_ROWS = 1024
 """Default launch of a replay cache: "split" when slots * heads reaches this, else "fused"."""
@@ -201,8 +202,8 @@ class Mamba2Cache:
         ``speculative`` gives each slot two ring halves (verify/commit only);
         ``launch``: "fused" or "split" (None: split from ``SPLIT_MIN_ROWS`` slot-heads);
         ``rows_per_program``: fused launch only, a power of two >= 16 or 0 for whole
-        heads (None: ``ROWS_PER_PROGRAM`` for a plain fused cache without
-        ``heads_per_program`` > 1, else 0)."""
+        heads (None: ``ROWS_PER_PROGRAM`` for a plain fused cache without nvfp4 copies
+        or ``heads_per_program`` > 1, else 0)."""
         shape = (slots, heads, headdim, dstate)
         if ring_dtype not in _RING_IDS:
             raise ValueError(f"ring dtype must be fp32, bf16 or fp16, got {ring_dtype}")
@@ -214,7 +215,8 @@ class Mamba2Cache:
             raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
         if rows_per_program is None:  # small batches: latency decides
             rows_per_program = (ROWS_PER_PROGRAM if launch == "fused" and not speculative
-                                and heads_per_program in (None, 1) else 0)
+                                and heads_per_program in (None, 1)
+                                and "nvfp4" not in (checkpoint_format, read_format) else 0)
         if rows_per_program:
             _check_rows_per_program(rows_per_program, launch, speculative, heads_per_program)
             heads_per_program = 1

@@ -94,20 +94,19 @@ CANDIDATES: dict[str, list] = {
 # tuned again at the smallest batch below 16, where each step is one short launch and
 # latency, not bandwidth, decides: (block_p, num_warps[, verify_launch]), and for the
 # replay designs one-launch candidates: a program per (head, 16 rows), the default
-# (H200, batch 1: replay fp32 9.4 / 9.2 us per step against 11.1 / 10.4 with whole
-# heads, nano-4b / super-120b; 32 rows 9.7 / 9.8), or whole heads (rows_per_program 0);
-# nvfp4 also with its whole-head flush (done by the head's first program) in 64- or
-# 128-row chunks (flush_rows) instead of 16
+# without nvfp4 (H200, batch 1: replay fp32 9.4 / 9.2 us per step against 11.1 / 10.4
+# with whole heads, nano-4b / super-120b; 32 rows 9.7 / 9.8), or whole heads
+# (rows_per_program 0, the nvfp4 default); row-split nvfp4 candidates (the head's first
+# program folds the whole head) lost by 1-33%, with 16-, 64- or 128-row flush chunks
 _FUSED = {"launch": "fused"}
-_ROWS = [{**_FUSED, "num_warps": 4}, {**_FUSED, "num_warps": 2},
-         {**_FUSED, "num_warps": 1}, {**_FUSED, "rows_per_program": 0}]
+_ROWS = [{**_FUSED, "rows_per_program": 16, "num_warps": w} for w in (4, 2, 1)]
+_WHOLE = {**_FUSED, "rows_per_program": 0}
 SMALL_CANDIDATES: dict[str, list] = {
     "conventional": [(16, 4), (8, 4), (4, 4), (8, 2), (4, 2), (32, 4)],
     "verify-T4": [(16, 1, "staged-dot"), (32, 1, "staged"), (16, 4)],
-    "replay-fp32": _ROWS,
-    "split-fp32-fp8": _ROWS,
-    "split-fp16sr-nvfp4": [*_ROWS, {**_FUSED, "num_warps": 4, "flush_rows": 64},
-                           {**_FUSED, "num_warps": 8, "flush_rows": 128}],
+    "replay-fp32": [*_ROWS, _WHOLE],
+    "split-fp32-fp8": [*_ROWS, _WHOLE],
+    "split-fp16sr-nvfp4": [_WHOLE, {**_FUSED, "rows_per_program": 16, "num_warps": 2}],
 }
 _F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {

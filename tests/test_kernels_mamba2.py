@@ -355,11 +355,12 @@ def test_stale_ring_entries_never_reach_the_output(rows) -> None:
 
 
 def test_rows_per_program_default() -> None:
-    """Plain fused caches split heads into 16-row programs; speculative ones, split
-    launches and explicit multi-head programs keep whole heads."""
+    """Plain fused caches split heads into 16-row programs; nvfp4 copies, speculative
+    caches, split launches and explicit multi-head programs keep whole heads."""
     mk = lambda **kw: Mamba2Cache.allocate(2, H, P, N, G, window=2, device=DEV, **kw)  # noqa: E731
     assert mk(launch="fused").rows_per_program == 16
-    assert mk(launch="fused", read_format="nvfp4").rows_per_program == 16
+    assert mk(launch="fused", read_format="fp8-e4m3").rows_per_program == 16
+    assert mk(launch="fused", read_format="nvfp4").rows_per_program == 0
     assert mk(launch="fused", heads_per_program=2).rows_per_program == 0
     assert mk(launch="fused", speculative=True).rows_per_program == 0
     assert mk(launch="split").rows_per_program == 0
