@@ -109,18 +109,31 @@ SMALL_CANDIDATES: dict[str, list] = {
     "split-fp16sr-nvfp4": [_WHOLE, {**_FUSED, "rows_per_program": 16, "num_warps": 2}],
 }
 _F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
+# flush programs of 1-2 warps: a 16-row chunk's rows then span fewer warps, so its row
+# reductions (the output, the fp8 row amax) need fewer or no shared-memory rounds and
+# each row's divisions serve more elements per thread (offline sm_90, nano-4b,
+# warp-instructions per chunk: fp8 copy 3292 with 4 warps, 2498 with 2 at 168
+# registers, 2142 with 1 at 255; fp32 1400 / 1020 / 822; no spill in any)
+_FEW_WARPS = [dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168,
+                   flush_warps=2),
+              dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=255,
+                   flush_warps=1),
+              dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=8, flush_maxnreg=255,
+                   flush_warps=1)]
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
     "replay-fp32": [
         _F3,
         dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
         dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=5, flush_maxnreg=96),
         dict(flush_rows=16, flush_stages=4, flush_ctas_per_sm=4, flush_maxnreg=0),
+        *_FEW_WARPS,
     ],
     "split-fp32-fp8": [
         dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=128),
         dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
         # no spill (164 registers offline; 48 bytes of spill at 128), 3 programs per SM
         dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=3, flush_maxnreg=168),
+        *_FEW_WARPS,
     ],
     # the fast nvfp4 encoder (the default; same bits) measured 2365 -> 2052 us per
     # flush on an H200 (nano-4b); one-pass 64 / 128-row chunks (a whole head, fewer
