@@ -119,6 +119,9 @@ _FEW_WARPS = [dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_max
               dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=255,
                    flush_warps=1),
               dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=8, flush_maxnreg=255,
+                   flush_warps=1),
+              # 9 programs per SM (2 stages: 25 KB of shared memory each; 76 bytes of spill)
+              dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=9, flush_maxnreg=224,
                    flush_warps=1)]
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
     "replay-fp32": [
@@ -148,6 +151,10 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
         dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
         dict(flush_rows=32, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=0),
         dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=5, flush_maxnreg=96),
+        # 1-2 warps (offline: no fewer warp-instructions per chunk than 4 warps, 16 / 232
+        # bytes of spill)
+        {**_NF, "flush_warps": 1, "flush_maxnreg": 255, "flush_ctas_per_sm": 8},
+        {**_NF, "flush_warps": 2, "flush_maxnreg": 168, "flush_ctas_per_sm": 6},
     ],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",
