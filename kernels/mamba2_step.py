@@ -115,8 +115,8 @@ class SplitConfig:
     flush_rows: int = 16
     flush_chunks: int | None = None
     flush_stages: int | None = None
-    flush_warps: int = 4
-    flush_ctas_per_sm: int = 4
+    flush_warps: int | None = None
+    flush_ctas_per_sm: int | None = None
     maxnreg: int | None = None
     flush_maxnreg: int | None = None
     flush_encoder: str = "fast"
@@ -433,6 +433,24 @@ def launch_replay(
     )
 
 
+SMEM_PER_SM = 228 * 1024
+"""Shared memory of an H100 / H200 SM (each resident program also reserves 1 KB)."""
+
+
+def _resident_flush_programs(cfg: SplitConfig, N: int, RB: int) -> int:
+    """``flush_ctas_per_sm``, capped at the persistent flush programs that fit on one
+    SM at once (estimated shared memory: the chunk pipeline's fp32 stages and the
+    ring's B tile; registers where capped): a program that has to wait for another to
+    finish would add its whole share of units to the flush's tail (H200, nano-4b, L =
+    32: the fp32 flush took 1948 us with 6 programs of 43 KB per SM, of which 5 fit,
+    against 653 us at L = 16 where all fit)."""
+    smem = (cfg.flush_stages * cfg.flush_rows + RB) * N * 4 + 1024
+    fit = SMEM_PER_SM // smem
+    if cfg.flush_maxnreg:
+        fit = min(fit, 65536 // (cfg.flush_warps * 32 * cfg.flush_maxnreg))
+    return max(1, min(cfg.flush_ctas_per_sm, fit))
+
+
 def _hw_cvt(device: torch.device) -> bool:
     """Compiled code on a GPU: the hardware fp8 conversion (the interpreter's does not
     round to nearest even)."""
@@ -448,10 +466,13 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     through 1-warp "heads" programs of 32-row tiles, one head each, capped at 80 (fp8)
     / 96 (4-bit) registers so that 25 / 21 programs fit per SM instead of 16 (fp8
     output step 121 -> 111 us on nano-4b, 135 -> 117 on super-120b), their ring weights
-    from the weights launch (``out_weights``); flush chunks of
-    16 rows in a 3-stage pipeline (one stage for nvfp4, whose units fold once into a
-    scratch and encode from it), 4 persistent programs per SM, capped at 128 registers
-    when a low-precision copy is encoded."""
+    from the weights launch (``out_weights``); flush chunks of 16 rows: 1-warp programs
+    (one warp per 2048 chunk elements, up to 4) in a 2-stage pipeline, 8 per SM at up
+    to 255 registers (H200, batch 256, against 4-warp programs: fp32 + fp8 flush 1107
+    -> 915 us on nano-4b, 1231 -> 979 on super-120b; replay fp32 787 -> 643 and 897 ->
+    704); nvfp4 flushes in 4-warp programs of one stage (their units fold once into a
+    scratch and encode from it), 4 per SM, capped at 128 registers (1- or 2-warp ones
+    took 1.2-1.4x as long)."""
     hpg = H // G
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
@@ -484,16 +505,24 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
+    # flush programs: one warp per 16 x 128 chunk elements (up to 4), as many programs
+    # per SM as their registers allow; nvfp4 flushes keep 4 warps
+    few = 4 if need_amax else min(4, max(1, cfg.flush_rows * N // 2048))
+    fw = cfg.flush_warps or few
+    fmax = cfg.flush_maxnreg
+    if fmax is None:
+        fmax = 128 if need_amax or (fw == 4 and not wide) else (0 if fw == 4 else 255)
     return replace(cfg, out_kernel=kind, block_p=bp,
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),
-                   flush_stages=cfg.flush_stages or (1 if need_amax else 3),
+                   flush_stages=cfg.flush_stages or (1 if need_amax else 2 if fw < 4 else 3),
+                   flush_warps=fw,
+                   flush_ctas_per_sm=cfg.flush_ctas_per_sm or (4 if fw == 4 else 8 // fw),
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
                    ((96 if _BYTES_BY_ID[rd_id] < 1 else 80) if kind == "heads" and narrow
                     and hpp == 1 else None),
-                   flush_maxnreg=(0 if wide else 128) if cfg.flush_maxnreg is None
-                   else cfg.flush_maxnreg)
+                   flush_maxnreg=fmax)
 
 
 def launch_split_step(
@@ -541,7 +570,8 @@ def launch_split_step(
                  HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus)
     fb, nq = cfg.flush_rows, cfg.flush_chunks
     uph = triton.cdiv(P, fb * nq)
-    nprog = max(1, min(batch * H * uph, _sm_count(x.device) * cfg.flush_ctas_per_sm))
+    per_sm = _resident_flush_programs(cfg, N, RB)
+    nprog = max(1, min(batch * H * uph, _sm_count(x.device) * per_sm))
     extra = {"maxnreg": cfg.flush_maxnreg} if cfg.flush_maxnreg else {}
     one_pass = cfg.flush_encoder == "fast" and need_amax and nq == 1
     scratch = cfg.flush_pass == "scratch" and need_amax and not one_pass

@@ -48,7 +48,8 @@ ANCHOR_PEER_US = {("nemotron-3-super-120b", 256): 615.5, ("nemotron-3-nano-4b", 
 # rounds: the output keys of CANDIDATES (with the first FLUSH_CANDIDATES entry) by
 # output-step time, then FLUSH_CANDIDATES (with the best output keys) by flush time.
 # Batches below SPLIT_MIN_ROWS slot-heads use the fused candidate.
-_NF = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=4, flush_maxnreg=128)
+_NF = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=4, flush_maxnreg=128,
+           flush_warps=4)
 _H1 = {"launch": "split", "out_kernel": "heads", "block_p": 32, "num_warps": 1}
 _GR = {"launch": "split", "out_kernel": "group", "num_warps": 4}
 CANDIDATES: dict[str, list] = {
@@ -108,53 +109,46 @@ SMALL_CANDIDATES: dict[str, list] = {
     "split-fp32-fp8": [*_ROWS, _WHOLE],
     "split-fp16sr-nvfp4": [_WHOLE, {**_FUSED, "rows_per_program": 16, "num_warps": 2}],
 }
-_F3 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0)
-# flush programs of 1-2 warps: a 16-row chunk's rows then span fewer warps, so its row
-# reductions (the output, the fp8 row amax) need fewer or no shared-memory rounds and
-# each row's divisions serve more elements per thread (offline sm_90, nano-4b,
-# warp-instructions per chunk: fp8 copy 3292 with 4 warps, 2498 with 2 at 168
-# registers, 2142 with 1 at 255; fp32 1400 / 1020 / 822; no spill in any)
-_FEW_WARPS = [dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168,
-                   flush_warps=2),
-              dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=255,
-                   flush_warps=1),
-              dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=8, flush_maxnreg=255,
-                   flush_warps=1),
-              # 9 programs per SM (2 stages: 25 KB of shared memory each; 76 bytes of spill)
-              dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=9, flush_maxnreg=224,
-                   flush_warps=1)]
+# flush programs of 1 warp (the default for fp32 and 1-byte copies): a 16-row chunk's
+# rows then lie in one warp, so its row reductions (the output, the fp8 row amax) need
+# no shared-memory rounds and each row's divisions serve 4x the elements per thread
+# (offline sm_90, nano-4b, warp-instructions per chunk: fp8 copy 3292 with 4 warps,
+# 2498 with 2 at 168 registers, 2142 with 1 at 255; fp32 1400 / 1020 / 822; no spill).
+# H200, batch 256 (nano-4b / super-120b): fp8 flush 1107 / 1231 us with 4 warps, 939 /
+# 1033 with 2 (3 stages, 6 per SM), 915 / 979 with 1 (2 stages, 8 per SM); 1 warp with
+# 3 stages and 6 per SM 1027 / 1120, with 9 per SM (224 registers) 1372 / 1510; replay
+# fp32 787 / 897 -> 651 / 733 (2 warps) and 643 / 704 (1); a 4-stage 4-warp flush 1199
+_F1 = dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=8, flush_maxnreg=255,
+           flush_warps=1)
+_F2 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168,
+           flush_warps=2)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
     "replay-fp32": [
-        _F3,
-        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
-        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=5, flush_maxnreg=96),
-        dict(flush_rows=16, flush_stages=4, flush_ctas_per_sm=4, flush_maxnreg=0),
-        *_FEW_WARPS,
+        _F1, _F2,
+        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=0,
+             flush_warps=4),  # the default until 1-warp programs
+        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=5, flush_maxnreg=96,
+             flush_warps=4),
     ],
     "split-fp32-fp8": [
-        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=128),
-        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
-        # no spill (164 registers offline; 48 bytes of spill at 128), 3 programs per SM
-        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=3, flush_maxnreg=168),
-        *_FEW_WARPS,
+        _F1, _F2,
+        dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=4, flush_maxnreg=128,
+             flush_warps=4),  # the default until 1-warp programs
     ],
     # the fast nvfp4 encoder (the default; same bits) measured 2365 -> 2052 us per
     # flush on an H200 (nano-4b); one-pass 64 / 128-row chunks (a whole head, fewer
     # programs per SM) took 4670-5325 us and are no longer tried
     # "scratch": one fold per chunk, the nvfp4 encode from an L2-resident scratch of its
     # fp32 rows (offline sm_90: 1677 instead of 2298 instructions per chunk, 32 instead
-    # of 116 bytes of spill under the 128-register cap); "recompute" folds twice
+    # of 116 bytes of spill under the 128-register cap); "recompute" folds twice.  1- and
+    # 2-warp nvfp4 flushes (8 / 6 per SM) took 2301 / 2002 us against 1608 (nano-4b)
     "split-fp16sr-nvfp4": [
         _NF,  # the scratch pass, the default since it measured 2059 -> 1615 us
         {**_NF, "flush_pass": "recompute"},
         {**_NF, "flush_ctas_per_sm": 3, "flush_maxnreg": 168},
-        dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=4, flush_maxnreg=128),
-        dict(flush_rows=32, flush_stages=1, flush_ctas_per_sm=3, flush_maxnreg=0),
-        dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=5, flush_maxnreg=96),
-        # 1-2 warps (offline: no fewer warp-instructions per chunk than 4 warps, 16 / 232
-        # bytes of spill)
-        {**_NF, "flush_warps": 1, "flush_maxnreg": 255, "flush_ctas_per_sm": 8},
-        {**_NF, "flush_warps": 2, "flush_maxnreg": 168, "flush_ctas_per_sm": 6},
+        {**_NF, "flush_stages": 2},
+        {**_NF, "flush_rows": 32, "flush_ctas_per_sm": 3, "flush_maxnreg": 0},
+        {**_NF, "flush_ctas_per_sm": 5, "flush_maxnreg": 96},
     ],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",

@@ -246,9 +246,10 @@ SPLIT_CONFIGS = {
                                                      out_weights="program")),
     "split-heads-weights-launch": ("split", SplitConfig(heads_per_program=1,
                                                         out_weights="launch")),
-    # flush programs of one / two warps (a chunk's row reductions within fewer warps)
-    "split-flush-1warp": ("split", SplitConfig(flush_warps=1, flush_maxnreg=0)),
-    "split-flush-2warps": ("split", SplitConfig(flush_warps=2, flush_stages=2)),
+    # flush programs of four / two warps (the default: one; a chunk's row reductions
+    # across warps)
+    "split-flush-4warps": ("split", SplitConfig(flush_warps=4, flush_maxnreg=0)),
+    "split-flush-2warps": ("split", SplitConfig(flush_warps=2, flush_stages=3)),
 }
 
 
