@@ -468,8 +468,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     output step 121 -> 111 us on nano-4b, 135 -> 117 on super-120b), their ring weights
     from the weights launch (``out_weights``); flush chunks of 16 rows: 1-warp programs
     (one warp per 2048 chunk elements, up to 4) in a 2-stage pipeline, 8 per SM at up
-    to 255 registers (H200, batch 256, against 4-warp programs: fp32 + fp8 flush 1107
-    -> 915 us on nano-4b, 1231 -> 979 on super-120b; replay fp32 787 -> 643 and 897 ->
+    to 255 registers (H200, batch 256, against 4-warp programs: fp32 + fp8 flush 1108
+    -> 915 us on nano-4b, 1236 -> 979 on super-120b; replay fp32 785 -> 643 and 900 ->
     704); nvfp4 flushes in 4-warp programs of one stage (their units fold once into a
     scratch and encode from it), 4 per SM, capped at 128 registers (1- or 2-warp ones
     took 1.2-1.4x as long)."""

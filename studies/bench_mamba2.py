@@ -98,7 +98,7 @@ CANDIDATES: dict[str, list] = {
 # without nvfp4 (H200, batch 1: replay fp32 9.4 / 9.2 us per step against 11.1 / 10.4
 # with whole heads, nano-4b / super-120b; 32 rows 9.7 / 9.8), or whole heads
 # (rows_per_program 0, the nvfp4 default); row-split nvfp4 candidates (the head's first
-# program folds the whole head) lost by 1-33%, with 16-, 64- or 128-row flush chunks
+# program folds the whole head) lost by 1-57%, with 16-, 64- or 128-row flush chunks
 _FUSED = {"launch": "fused"}
 _ROWS = [{**_FUSED, "rows_per_program": 16, "num_warps": w} for w in (4, 2, 1)]
 _WHOLE = {**_FUSED, "rows_per_program": 0}
@@ -114,10 +114,10 @@ SMALL_CANDIDATES: dict[str, list] = {
 # no shared-memory rounds and each row's divisions serve 4x the elements per thread
 # (offline sm_90, nano-4b, warp-instructions per chunk: fp8 copy 3292 with 4 warps,
 # 2498 with 2 at 168 registers, 2142 with 1 at 255; fp32 1400 / 1020 / 822; no spill).
-# H200, batch 256 (nano-4b / super-120b): fp8 flush 1107 / 1231 us with 4 warps, 939 /
+# H200, batch 256 (nano-4b / super-120b): fp8 flush 1108 / 1236 us with 4 warps, 939 /
 # 1033 with 2 (3 stages, 6 per SM), 915 / 979 with 1 (2 stages, 8 per SM); 1 warp with
 # 3 stages and 6 per SM 1027 / 1120, with 9 per SM (224 registers) 1372 / 1510; replay
-# fp32 787 / 897 -> 651 / 733 (2 warps) and 643 / 704 (1); a 4-stage 4-warp flush 1199
+# fp32 785 / 900 -> 651 / 733 (2 warps) and 643 / 704 (1); a 4-stage 4-warp flush 1199
 _F1 = dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=8, flush_maxnreg=255,
            flush_warps=1)
 _F2 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168,
@@ -141,7 +141,7 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
     # "scratch": one fold per chunk, the nvfp4 encode from an L2-resident scratch of its
     # fp32 rows (offline sm_90: 1677 instead of 2298 instructions per chunk, 32 instead
     # of 116 bytes of spill under the 128-register cap); "recompute" folds twice.  1- and
-    # 2-warp nvfp4 flushes (8 / 6 per SM) took 2301 / 2002 us against 1608 (nano-4b)
+    # 2-warp nvfp4 flushes (8 / 6 per SM) took 2301 / 2002 us against 1602 (nano-4b)
     "split-fp16sr-nvfp4": [
         _NF,  # the scratch pass, the default since it measured 2059 -> 1615 us
         {**_NF, "flush_pass": "recompute"},
