@@ -50,7 +50,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .mamba2_kernel import head_consts
+from .mamba2_kernel import head_consts, tile_inputs
 from .tl_common import (
     K_RING_FP32,
     decay_weights,
@@ -58,7 +58,6 @@ from .tl_common import (
     gate,
     ring_decode,
     ring_load,
-    ring_load_raw,
     ring_round,
     ring_store,
 )
@@ -327,15 +326,10 @@ def _tile_of_head(codes, s1, s2, h, rows, first_of_head, c, offs_r, mr, C_t, Ce,
     its ring rows and inputs, then :func:`_out_tile`."""
     m = rows < P
     HP = H * P
-    A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-    rx = ring_load_raw(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
-                       mr[:, None] & m[None, :], RING)
-    rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
-    x = tl.load(x_b + h * P + rows, mask=m, other=0.0)
-    z = 0.0
-    if HAS_Z:
-        z = tl.load(z_b + h * P + rows, mask=m, other=0.0)
-    _out_tile(codes, s1, s2, rx, rdt, x, z, tl.load(dt_b + h), A_h, D_h, dtb, c, offs_r, C_t,
+    A_h, D_h, dtb, rx, rdt, x, z, dt_raw = tile_inputs(
+        h, rows, m, mr, rx_b, rdt_b, x_b, z_b, dt_b, A_ptr, D_ptr, dtb_ptr, offs_r, H, HP, P,
+        RING, HAS_Z, HAS_D, HAS_DT_BIAS)
+    _out_tile(codes, s1, s2, rx, rdt, x, z, dt_raw, A_h, D_h, dtb, c, offs_r, C_t,
               Ce, Co, BC, out_b + h * P, rx_b + c * HP + h * P, rdt_b + c * H + h, rows, m,
               first_of_head, RD_FMT, BLOCK_P, N, RING, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
 

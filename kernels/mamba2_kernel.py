@@ -100,6 +100,25 @@ def head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.c
 
 
 @triton.jit
+def tile_inputs(h, rows, m, ring_mask, rx_b, rdt_b, x_b, z_b, dt_b, A_ptr, D_ptr, dtb_ptr,
+                offs_r, H, HP, P, RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+                HAS_DT_BIAS: tl.constexpr):
+    """Head ``h``'s constants and the raw inputs of its output rows ``rows`` (mask
+    ``m``): ring x rows and ring dt of entries ``ring_mask``, x, z (0 without z), dt.
+    ``HP`` is ``H * P``, the ring's stride per entry."""
+    A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+    rx = ring_load_raw(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
+                       ring_mask[:, None] & m[None, :], RING)
+    rdt = tl.load(rdt_b + h + offs_r * H, mask=ring_mask, other=0.0)
+    x = tl.load(x_b + h * P + rows, mask=m, other=0.0)
+    z = 0.0
+    if HAS_Z:
+        z = tl.load(z_b + h * P + rows, mask=m, other=0.0)
+    dt_raw = tl.load(dt_b + h)
+    return A_h, D_h, dtb, rx, rdt, x, z, dt_raw
+
+
+@triton.jit
 def _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, n_ring, last, w,
                 eB, x_cur, c_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr,
                 RING: tl.constexpr, CUR: tl.constexpr):
@@ -243,15 +262,9 @@ def mamba2_kernel(
             # the clock's value is needed (whole ring, masked afterwards)
             full = offs_r < L
             rB = ring_load(rB_b + oB, full[:, None], RING)
-            A_h, D_h, dtb = head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-            rx = ring_load_raw(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
-                               full[:, None] & (rows_0 < P)[None, :], RING)
-            rdt = tl.load(rdt_b + h_0 + offs_r * H, mask=full, other=0.0)
-            x = tl.load(x_b + h_0 * P + rows_0, mask=rows_0 < P, other=0.0)
-            z = 0.0
-            if HAS_Z:
-                z = tl.load(z_b + h_0 * P + rows_0, mask=rows_0 < P, other=0.0)
-            dt_raw = tl.load(dt_b + h_0)
+            A_h, D_h, dtb, rx, rdt, x, z, dt_raw = tile_inputs(
+                h_0, rows_0, rows_0 < P, full, rx_b, rdt_b, x_b, z_b, dt_b, A_ptr, D_ptr,
+                dtb_ptr, offs_r, H, HP, P, RING, HAS_Z, HAS_D, HAS_DT_BIAS)
             mr = offs_r < c
             rB = tl.where(mr[:, None], rB, 0.0)
             rx = tl.where(mr[:, None], rx, tl.zeros_like(rx))
@@ -316,16 +329,9 @@ def mamba2_kernel(
             if not ROW_SPLIT:  # (loaded above when ROW_SPLIT)
                 # small inputs of tile 0; tile q+1's raw loads are issued before tile q
                 # is computed and converted only when used, so the prefetch never stalls
-                A_h, D_h, dtb = head_consts(h_0, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-                m = rows_0 < P
-                rx = ring_load_raw(rx_b + h_0 * P + offs_r[:, None] * HP + rows_0[None, :],
-                                   mr[:, None] & m[None, :], RING)
-                rdt = tl.load(rdt_b + h_0 + offs_r * H, mask=mr, other=0.0)
-                x = tl.load(x_b + h_0 * P + rows_0, mask=m, other=0.0)
-                z = 0.0
-                if HAS_Z:
-                    z = tl.load(z_b + h_0 * P + rows_0, mask=m, other=0.0)
-                dt_raw = tl.load(dt_b + h_0)
+                A_h, D_h, dtb, rx, rdt, x, z, dt_raw = tile_inputs(
+                    h_0, rows_0, rows_0 < P, mr, rx_b, rdt_b, x_b, z_b, dt_b, A_ptr, D_ptr,
+                    dtb_ptr, offs_r, H, HP, P, RING, HAS_Z, HAS_D, HAS_DT_BIAS)
             for q in range(NT):
                 h, rows = _tile_rows(q0 + q, h0, H, NPB, BLOCK_P)
                 m = rows < P
