@@ -106,7 +106,6 @@ def tile_inputs(h, rows, m, ring_mask, rx_b, rdt_b, x_b, z_b, dt_b, A_ptr, D_ptr
     """Head ``h``'s constants and the raw inputs of its output rows ``rows`` (mask
     ``m``): ring x rows and ring dt of entries ``ring_mask``, x, z (0 without z), dt.
     ``HP`` is ``H * P``, the ring's stride per entry."""
-    A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
     rx = ring_load_raw(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                        ring_mask[:, None] & m[None, :], RING)
     rdt = tl.load(rdt_b + h + offs_r * H, mask=ring_mask, other=0.0)
@@ -115,6 +114,7 @@ def tile_inputs(h, rows, m, ring_mask, rx_b, rdt_b, x_b, z_b, dt_b, A_ptr, D_ptr
     if HAS_Z:
         z = tl.load(z_b + h * P + rows, mask=m, other=0.0)
     dt_raw = tl.load(dt_b + h)
+    A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
     return A_h, D_h, dtb, rx, rdt, x, z, dt_raw
 
 
@@ -340,15 +340,9 @@ def mamba2_kernel(
                 m2 = (rows2 < P) & (q + 1 < NT)
                 cc2, cs12, cs22 = load_codes(rd_c, rd_s1, rd_s2, mat0 + h2, rows2, m2, P, RD_FMT,
                                              BLOCK_P, N)
-                rx2 = ring_load_raw(rx_b + h2 * P + offs_r[:, None] * HP + rows2[None, :],
-                                    mr[:, None] & m2[None, :], RING)
-                rdt2 = tl.load(rdt_b + h2 + offs_r * H, mask=mr, other=0.0)
-                x2 = tl.load(x_b + h2 * P + rows2, mask=m2, other=0.0)
-                z2 = 0.0
-                if HAS_Z:
-                    z2 = tl.load(z_b + h2 * P + rows2, mask=m2, other=0.0)
-                dt_raw2 = tl.load(dt_b + h2)
-                A2, D2, dtb2 = head_consts(h2, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                A2, D2, dtb2, rx2, rdt2, x2, z2, dt_raw2 = tile_inputs(
+                    h2, rows2, m2, mr, rx_b, rdt_b, x_b, z_b, dt_b, A_ptr, D_ptr, dtb_ptr,
+                    offs_r, H, HP, P, RING, HAS_Z, HAS_D, HAS_DT_BIAS)
                 # ---- compute tile q
                 S = decode_tile(cc, cs1, cs2, RD_FMT, BLOCK_P, N)  # masked rows decode to 0
                 dt = dt_of(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
