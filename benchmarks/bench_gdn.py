@@ -82,23 +82,25 @@ _FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": False}]
 # registers and 3 programs per SM were the defaults before the 128 / 4 of the third)
 _UNITS = {"flush_grid": "units"}
 _FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}]
-# flush programs of 1-2 warps ("num_warps" is the flush launch's in the staged launch):
-# on the Mamba-2 kernels they cut the fp8 flush 1107 -> 905 us (H200, nano-4b)
-_FEW_WARPS = [{"num_warps": 2, "maxnreg": 168, "flush_ctas_per_sm": 6},
-              {"num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8}]
+# flush programs of 1-2 warps ("num_warps" is the flush launch's in the staged launch),
+# which cut the Mamba-2 fp8 flush 1107 -> 905 us, did not help here (H200, qwen3.5-4b,
+# batch 256, flush us with 4 / 2 (168 registers, 6 per SM) / 1 warps (255, 8 per SM):
+# fp32 797 / 846 / 799, fp8 1075 / 1205 / 1286, nvfp4 1256 / 1456 / 2078); the 1-warp
+# fp32 one, a tie, stays in the sweep
+_ONE_WARP = {"num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8}
 # alternatives tried at (first model, batch 256, first window).  Tile counts per program
 # assume 2 v-heads per k-head (qwen3.5).
 SWEEP = {
-    "replay-fp32": _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS] + _FEW_WARPS,
+    "replay-fp32": _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS, _ONE_WARP],
     # prep launch (11.7 us of a ~95 us output step, 1.7 waves of 2-warp programs on an
     # H200, Nsight Compute): 1 warp (the default since the fourth run: 156.8 -> 155.0
     # us per step), 2 or 4
     "split-fp32-fp8": _OUT_ALTS["split-fp32-fp8"][:2] + [{"prep_num_warps": 2},
                                                          {"prep_num_warps": 4}]
-    + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}] + _FEW_WARPS,
+    + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}],
     "split-fp16sr-nvfp4": _OUT_ALTS["split-fp16sr-nvfp4"][:2]
     + [{"flush_licm": True}, {"flush_pass": "recompute"}, {**_UNITS, "flush_ctas_per_sm": 3},
-       {"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}] + _FEW_WARPS,
+       {"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}],
     # staged-dot: all drafts' reductions of a state tile as one tensor-core product
     # (593 -> 328 us against "staged" in the first timed sweep)
     "verify-T4": [{"verify_launch": "staged", "verify_block_v": 32, "verify_num_warps": 2},
