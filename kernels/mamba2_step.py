@@ -317,6 +317,15 @@ def _check_rows_per_program(rpp: int, launch: str, speculative: bool, hpp: int |
         raise ValueError("rows_per_program needs heads_per_program 1")
 
 
+def device_buffer(buf: torch.Tensor | None, n: int, device: torch.device,
+                  dtype: torch.dtype = torch.float32, zero: bool = False) -> torch.Tensor:
+    """``buf`` where it holds ``n`` elements on ``device``, else a new (zeroed where
+    ``zero``) 1-D buffer of ``n``: a cache's scratch, reused across steps."""
+    if buf is not None and buf.numel() >= n and buf.device == device:
+        return buf
+    return (torch.zeros if zero else torch.empty)(n, dtype=dtype, device=device)
+
+
 def slot_indices(batch: int, device: torch.device) -> torch.Tensor:
     """Cached ``arange(batch)`` int32 (batch row b uses slot b)."""
     key = (batch, str(device))
@@ -558,8 +567,7 @@ def launch_split_step(
     if ring_id != RING_FP32:
         rx, rB = rx.view(torch.int16), rB.view(torch.int16)
     L, LR = cache.window, cache.ring_x.shape[1]
-    if cache.pos is None or cache.pos.numel() < batch or cache.pos.device != x.device:
-        cache.pos = torch.zeros(max(batch, 1), dtype=torch.int32, device=x.device)
+    cache.pos = device_buffer(cache.pos, max(batch, 1), x.device, torch.int32, zero=True)
     RB = max(16, triton.next_power_of_2(L))
     zz = z if z is not None else x
     D = params.D if params.D is not None else params.A
@@ -576,16 +584,10 @@ def launch_split_step(
     one_pass = cfg.flush_encoder == "fast" and need_amax and nq == 1
     scratch = cfg.flush_pass == "scratch" and need_amax and not one_pass
     if scratch:
-        n = nprog * fb * nq * N
-        if cache.flush_scratch is None or cache.flush_scratch.numel() < n or \
-                cache.flush_scratch.device != x.device:
-            cache.flush_scratch = torch.empty(n, dtype=torch.float32, device=x.device)
+        cache.flush_scratch = device_buffer(cache.flush_scratch, nprog * fb * nq * N, x.device)
     weights = cfg.out_kernel == "heads" and cfg.out_weights == "launch"
     if weights:
-        n = batch * H * (RB + 4)
-        if cache.out_wts is None or cache.out_wts.numel() < n or \
-                cache.out_wts.device != x.device:
-            cache.out_wts = torch.empty(n, dtype=torch.float32, device=x.device)
+        cache.out_wts = device_buffer(cache.out_wts, batch * H * (RB + 4), x.device)
     wts = cache.out_wts if weights else out
     m2_flush_kernel[(nprog,)](
         *ckpt.kernel_args(), *rd.kernel_args(),

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from .mamba2_kernel import fold_committed, head_consts
+from .mamba2_step import device_buffer
 from .tl_common import (
     K_RING_FP32,
     decay_weights,
@@ -313,8 +314,7 @@ def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, d
     L, LR = cache.window, cache.ring_x.shape[1]
     RB = max(16, triton.next_power_of_2(L))
     TB = max(2, triton.next_power_of_2(T))
-    if cache.pos is None or cache.pos.numel() < batch or cache.pos.device != x.device:
-        cache.pos = torch.zeros(max(batch, 1), dtype=torch.int32, device=x.device)
+    cache.pos = device_buffer(cache.pos, max(batch, 1), x.device, torch.int32, zero=True)
     coef, eLs = _scratch(batch, H, TB, RB, x.device)
     need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
     dtb = params.dt_bias if params.dt_bias is not None else params.A
