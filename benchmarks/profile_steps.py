@@ -33,13 +33,28 @@ DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3")
 MODELS = {"mamba2": "nemotron-3-nano-4b", "gdn": "qwen3.5-4b"}
 
 
-def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device):
+def _split_config(pairs: list[str]):
+    """``SplitConfig`` from ``field=value`` pairs (ints where they parse)."""
+    from precisionlab.kernels.mamba2_step import SplitConfig
+
+    fields = {}
+    for p in pairs:
+        key, sep, val = p.partition("=")
+        if not sep or key not in SplitConfig.__dataclass_fields__:
+            raise ValueError(f"--split wants FIELD=VALUE with a SplitConfig field, got {p!r}")
+        fields[key] = int(val) if val.lstrip("-").isdigit() else val
+    return SplitConfig(**fields)
+
+
+def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device,
+                 split: list[str]):
     from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache, mamba2_step
     from precisionlab.studies.bench_mamba2 import _Problem
 
     prob = _Problem(model, batch, device)
     cache = Mamba2Cache.allocate(batch, prob.H, prob.P, prob.N, prob.G, checkpoint_format=ck,
-                                 read_format=rd, window=L, device=device, seed=1)
+                                 read_format=rd, window=L, device=device, seed=1,
+                                 split_config=_split_config(split))
     cache.load_state(prob.state())
     inp = prob.step_inputs()
     head = HeadParams(prob.A, prob.D, prob.dt_bias)
@@ -48,7 +63,8 @@ def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device
                                z=inp["z"], dt_softplus=True, out=out)
 
 
-def _gdn_step(model: str, batch: int, ck: str, rd: str | None, L: int, device):
+def _gdn_step(model: str, batch: int, ck: str, rd: str | None, L: int, device,
+              split: list[str]):
     from precisionlab.kernels.gdn_decode import GDNReplayCache
     from precisionlab.studies.bench_gdn import _inputs, _state0, shape_of
 
@@ -70,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--design", choices=sorted(DESIGNS), default="split-fp32-fp8")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--split", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="Mamba-2 SplitConfig fields, e.g. out_dot=mma maxnreg=96")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.window < 2:
         ap.error("--batch must be >= 1 and --window >= 2")
@@ -80,13 +98,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e).strip("'\""))
     if kind != args.kind:
         ap.error(f"--model {model} is a {kind} model, not {args.kind}")
+    if args.split and args.kind != "mamba2":
+        ap.error("--split is for Mamba-2 designs")
+    try:
+        _split_config(args.split)
+    except (ValueError, TypeError) as e:
+        ap.error(str(e))
     if not torch.cuda.is_available():
         print("profile_steps: needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     ck, rd = DESIGNS[args.design]
     build = _mamba2_step if args.kind == "mamba2" else _gdn_step
-    step = build(model, args.batch, ck, rd, args.window, device)
+    step = build(model, args.batch, ck, rd, args.window, device, args.split)
     for _ in range(args.window):  # compile every branch; back at ring position 0
         step()
     torch.cuda.synchronize()
