@@ -267,9 +267,6 @@ def variants(model: str) -> list[tuple[str, str, list]]:
             out.append((f"split-{d} flush {enc}", "flush", calls[:1]))
             if enc == "ref":
                 out.append((f"split-{d} output", "output", calls[1:]))
-        if d == "fp8" and "out_dot" in SplitConfig.__dataclass_fields__:
-            calls = split_calls(model, ck, rd, SplitConfig(out_dot="mma"))
-            out.append((f"split-{d} output mma", "output", calls[2:]))
     out.append(("verify-T4 fp32 single", "verify", verify_calls(model, "fp32", None, "single")))
     reads = {"fp32": ("fp32", None), "fp8": ("fp32", "fp8-e4m3"), "nvfp4": ("fp16-sr", "nvfp4")}
     prep = True

@@ -69,7 +69,7 @@ from .tl_formats import (
     matrix_amax,
     tile_offsets,
 )
-from .tl_mamba2_fast import TWO63, c_pieces, fold_dot, row_dot, row_dot_mma, store_fast
+from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
 
 
 @triton.jit
@@ -409,22 +409,17 @@ def m2_out_kernel(
 
 @triton.jit
 def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
-                C_t, Ce, Co, pieces, down, eL, wbc, wc, D_h, RD_FMT: tl.constexpr,
-                BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr,
-                MMA: tl.constexpr):
+                C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
+                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
     """Output rows ``rows`` (``BT`` of them) of head ``h`` (:func:`m2_out_heads_kernel`):
-    the row dot (packed domain, or with MMA on the tensor cores), the ring's x rows,
-    the gate; appends x at entry ``c``."""
+    the packed-domain row dot, the ring's x rows, the gate; appends x at entry ``c``."""
     m = rows < P
     codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N)
     rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                    mr[:, None] & m[None, :], RING)
     xf = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
     xr = ring_round(xf, RING)
-    if MMA:
-        y = eL * row_dot_mma(codes, s1, pieces, down)
-    else:
-        y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
+    y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
     y = y + tl.sum(wbc[:, None] * rx, axis=0) + wc * xr
     z = 0.0
     if HAS_Z:
@@ -443,7 +438,6 @@ def m2_out_heads_kernel(
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
-    MMA: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -453,9 +447,7 @@ def m2_out_heads_kernel(
     The step's own entry is a scalar coefficient on x, not a ring-tile select.
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
-    masked rows; ``SplitConfig.tail_tile``).  ``MMA`` (fp8 copies,
-    ``SplitConfig.out_dot="mma"``): the row dots on the tensor cores
-    (``tl_mamba2_fast.row_dot_mma``)."""
+    masked rows; ``SplitConfig.tail_tile``)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -491,10 +483,6 @@ def m2_out_heads_kernel(
         C_t = tl.load(C_b + offs_n).to(tl.float32)
         Ce = tl.load(C_b + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
         Co = tl.load(C_b + 2 * tl.arange(0, N // 2) + 1).to(tl.float32) * TWO63
-        pieces = C_t
-        down = 1.0
-        if MMA:
-            pieces, down = c_pieces(C_t, N)
         mr = offs_r < c
         if not WEIGHTS:
             rB = ring_load(rB_g + offs_r[:, None] * (G * N) + offs_n[None, :], mr[:, None],
@@ -524,14 +512,12 @@ def m2_out_heads_kernel(
                 eL = tl.exp(last)
             for q in tl.static_range(NPB):
                 _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat0 + h,
-                            h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co,
-                            pieces, down, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z,
-                            MMA)
+                            h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,
+                            wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
             if TAIL > 0:
                 _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2, mat0 + h,
-                            h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co,
-                            pieces, down, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z,
-                            MMA)
+                            h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,
+                            wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

@@ -28,7 +28,7 @@ from .mamba2_fast import (
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
-from .tl_formats import FMT_BF16_SR, FMT_FP8, FMT_FP16_SR, FMT_NVFP4, format_id
+from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, format_id
 
 _RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
@@ -102,10 +102,7 @@ class SplitConfig:
     slower), ``tail_tile``
     ("heads" output: a power-of-two remainder of headdim as a smaller tile of its own
     instead of a masked full one; None = for 4-bit copies only: on an H200, nano-4b's 80
-    rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step),
-    ``out_dot`` ("heads" output of an fp8 copy: "fma", the codes widened to fp32 and
-    dotted on the CUDA cores, or "mma", on the tensor cores against three fp16
-    pieces of C, ``tl_mamba2_fast.row_dot_mma``; outputs agree to ~fp32 rounding).
+    rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -126,7 +123,6 @@ class SplitConfig:
     flush_pass: str = "scratch"
     out_weights: str = "launch"
     tail_tile: bool | None = None
-    out_dot: str = "fma"
 
 
 _SMS: dict[str, int] = {}
@@ -497,10 +493,6 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.out_weights not in ("launch", "program"):
         raise ValueError(f"out_weights must be 'launch' or 'program', got "
                          f"{cfg.out_weights!r}")
-    if cfg.out_dot not in ("fma", "mma"):
-        raise ValueError(f"out_dot must be 'fma' or 'mma', got {cfg.out_dot!r}")
-    if cfg.out_dot == "mma" and rd_id != FMT_FP8:
-        raise ValueError("out_dot 'mma' needs an fp8-e4m3 read copy")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
     if kind == "group":
@@ -633,8 +625,7 @@ def launch_split_step(
         else:
             tail = 0
         m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, TAIL=tail, wts=wts,
-                                               WEIGHTS=weights, MMA=cfg.out_dot == "mma",
-                                               **common)
+                                               WEIGHTS=weights, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

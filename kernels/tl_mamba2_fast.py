@@ -92,41 +92,6 @@ def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.cons
 
 
 @triton.jit
-def c_pieces(c, N: tl.constexpr):
-    """The ``(N, 4)`` float16 operand of :func:`row_dot_mma` and its unscale factor:
-    ``c * 2**s`` split into three fp16 pieces (columns 0-2, zeros in 3), ``s``
-    putting ``max|c|`` in ``[2**13, 2**14)`` so no piece overflows and every element
-    keeps ~33 bits (pieces of elements far below the maximum go subnormal: their error
-    stays below ``2**-37 max|c|``)."""
-    amax = tl.max(tl.abs(c), axis=0)
-    e = tl.minimum(tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 14), 254)
-    up = ((267 - e) << 23).to(tl.float32, bitcast=True)  # 2**s, s = 140 - e (e biased)
-    down = ((e - 13) << 23).to(tl.float32, bitcast=True)  # 2**-s
-    cs = c * up
-    h1 = cs.to(tl.float16)
-    r1 = cs - h1.to(tl.float32)
-    h2 = r1.to(tl.float16)
-    h3 = (r1 - h2.to(tl.float32)).to(tl.float16)
-    col = tl.arange(0, 4)[None, :]
-    zero = tl.zeros([N, 4], dtype=tl.float16)
-    pieces = tl.where(col == 0, h1[:, None], tl.where(col == 1, h2[:, None],
-                                                      tl.where(col == 2, h3[:, None], zero)))
-    return pieces, down
-
-
-@triton.jit
-def row_dot_mma(codes, s1, pieces, down):
-    """:func:`row_dot` of fp8-e4m3 codes on the tensor cores: the codes as fp16 (exact)
-    times the three fp16 pieces of ``c`` (:func:`c_pieces`), accumulated in fp32, the
-    pieces' sum unscaled, then the row scale.  Against the FMA path: one conversion
-    per two elements and one product instruction per 256 per warp instead of a
-    conversion, a widening and an FMA per element plus the row reductions."""
-    a = codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    acc = tl.dot(a, pieces, out_dtype=tl.float32)
-    return s1 * (tl.sum(acc, axis=1) * down)
-
-
-@triton.jit
 def fold_dot(x, w, b, acc, EXACT_B: tl.constexpr):
     """``acc + (x w) @ b`` (``x``: (M, K), ``w``: (K,) scaling x's columns, ``b``: (K, N))
     to ~fp32 accuracy on the tensor cores, with every split explicit so the result's

@@ -79,8 +79,6 @@ CANDIDATES: dict[str, list] = {
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program"},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_dot": "mma"},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_dot": "mma"},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"

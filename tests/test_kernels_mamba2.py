@@ -34,12 +34,7 @@ from precisionlab.kernels.tl_formats import (  # noqa: E402
     store_codes,
     tile_offsets,
 )
-from precisionlab.kernels.tl_mamba2_fast import (  # noqa: E402
-    c_pieces,
-    e2m1_code_fast,
-    nvfp4_encode_fast,
-    row_dot_mma,
-)
+from precisionlab.kernels.tl_mamba2_fast import e2m1_code_fast, nvfp4_encode_fast  # noqa: E402
 from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import mamba2  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
@@ -175,14 +170,9 @@ FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
             "split-recompute": SplitConfig(flush_pass="recompute"),
             "split-recompute-refenc": SplitConfig(flush_pass="recompute",
                                                   flush_encoder="ref")}
-# the fp8 read copy's row dots on the tensor cores (an fp32 ring keeps C in fp32: every
-# one of its three fp16 pieces counts)
-MMA = {"split-mma": SplitConfig(out_dot="mma", heads_per_program=1),
-       "split-mma-16rows": SplitConfig(out_dot="mma", heads_per_program=1, block_p=16)}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
             if "nvfp4" in (d.checkpoint_format, d.read_format)]
-         + [(split("fp32", "fp8-e4m3", 4), torch.float32, v) for v in MMA]
          # the one-launch kernel with a program per (head, 16-row tile): small batches;
          # nvfp4 also with its whole head folded as one 32-row chunk
          + [(d, r, "fused-rows") for d, r in DESIGNS]
@@ -203,11 +193,11 @@ def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
     ref = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     mirror = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0,
-                              launch=launch.split("-")[0],
-                              rows_per_program=16 if launch.startswith("fused-rows") else 0)
+                              launch="split" if launch in FAST_ENC else launch.split("-")[0],
+                              rows_per_program=16 if "rows" in launch else 0)
     cache = ours.cache
-    if launch in FAST_ENC or launch in MMA:
-        cache.split_config = {**FAST_ENC, **MMA}[launch]
+    if launch in FAST_ENC:
+        cache.split_config = FAST_ENC[launch]
     if launch == "fused-rows-fb32":
         cache.split_config = SplitConfig(flush_rows=32)
     lossless = design.read_format == design.checkpoint_format == "fp32"
@@ -260,12 +250,6 @@ SPLIT_CONFIGS = {
     # across warps)
     "split-flush-4warps": ("split", SplitConfig(flush_warps=4, flush_maxnreg=0)),
     "split-flush-2warps": ("split", SplitConfig(flush_warps=2, flush_stages=3)),
-    # the fp8 row dots on the tensor cores (three fp16 pieces of C), with the ring
-    # weights from the weights launch / from the programs themselves
-    "split-heads-mma": ("split", SplitConfig(heads_per_program=1, out_dot="mma")),
-    "split-heads-mma-own-weights": ("split", SplitConfig(heads_per_program=1, block_p=16,
-                                                         out_dot="mma",
-                                                         out_weights="program")),
 }
 
 
@@ -324,7 +308,7 @@ def test_split_step_with_staggered_phases_equals_fused() -> None:
     assert rel(res["split"][2], res["fused"][2]) < 1e-3
 
 
-@pytest.mark.parametrize("field", ["out_weights", "flush_pass", "out_dot"])
+@pytest.mark.parametrize("field", ["out_weights", "flush_pass"])
 def test_split_config_rejects_unknown_values(field: str) -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
                                  read_format="nvfp4", window=2, device=DEV, launch="split",
@@ -332,48 +316,6 @@ def test_split_config_rejects_unknown_values(field: str) -> None:
     kind, params, raws = setup(steps=1, batch=2)
     r = raws[0]
     with pytest.raises(ValueError, match=f"{field} must be"):
-        mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
-                    HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
-
-
-@triton.jit
-def _row_dot_mma_kernel(codes_ptr, s1_ptr, c_ptr, out_ptr, ROWS: tl.constexpr, NC: tl.constexpr):
-    r = tl.arange(0, ROWS)
-    k = tl.arange(0, NC)
-    codes = tl.load(codes_ptr + r[:, None] * NC + k[None, :])
-    pieces, down = c_pieces(tl.load(c_ptr + k), NC)
-    tl.store(out_ptr + r, row_dot_mma(codes, tl.load(s1_ptr + r), pieces, down))
-
-
-@pytest.mark.parametrize("c_scale", [1.0, 2.0**-60, 2.0**40])
-def test_mma_row_dot_keeps_fp32_accuracy(c_scale: float) -> None:
-    """The tensor-core fp8 row dot against a float64 one: fp32 C over 2**24 of dynamic
-    range, at any overall scale, within 2**-22 of the sum of |products| per row (a
-    single fp16 piece of C would be off by ~2**-12)."""
-    rows, n = 16, 64
-    gen = torch.Generator().manual_seed(3)
-    vals = torch.randn(rows, n, generator=gen) * 100
-    codes = vals.to(torch.float8_e4m3fn).view(torch.uint8)
-    s1 = torch.rand(rows, generator=gen) + 0.5
-    c = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-12, 12, (n,),
-                                                                 generator=gen).float())
-    c = c * c_scale
-    out = torch.empty(rows, device=DEV)
-    _row_dot_mma_kernel[(1,)](codes.to(DEV), s1.to(DEV), c.to(DEV), out, ROWS=rows, NC=n,
-                              num_warps=1)
-    x = codes.view(torch.float8_e4m3fn).double()
-    want = s1.double() * (x @ c.double())
-    size = s1.double() * (x.abs() @ c.double().abs())
-    assert ((out.cpu().double() - want).abs() / size).max() < 2.0**-22
-
-
-def test_mma_row_dot_needs_an_fp8_read_copy() -> None:
-    cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
-                                 read_format="nvfp4", window=2, device=DEV, launch="split",
-                                 split_config=SplitConfig(out_dot="mma"))
-    kind, params, raws = setup(steps=1, batch=2)
-    r = raws[0]
-    with pytest.raises(ValueError, match="needs an fp8-e4m3 read copy"):
         mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
                     HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
 
