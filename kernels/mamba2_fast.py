@@ -56,7 +56,6 @@ from .tl_common import (
     decay_weights,
     dt_of,
     gate,
-    pdl_enter,
     ring_decode,
     ring_load,
     ring_round,
@@ -139,7 +138,7 @@ def m2_weights_kernel(
     wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
     N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, PDL: tl.constexpr = False,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
 ):
     """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
     ``SplitConfig.out_weights="launch"``), a program per (B/C group ``g``, batch row
@@ -149,7 +148,6 @@ def m2_weights_kernel(
     (B_i . C)``, then ``dt B_c . C`` (this step's entry), ``e^Lambda_c`` and ``dt``, as
     ``RB + 4`` floats at ``wts[(b H + h) (RB + 4)]``.  The group's ring of B is loaded
     once; its heads (``HPG`` >= heads per group) are one ``[HPG, RB]`` tile."""
-    pdl_enter(PDL)
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -203,9 +201,7 @@ def m2_flush_kernel(
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
-    pdl_enter(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_b = tl.arange(0, BP)
@@ -442,7 +438,6 @@ def m2_out_heads_kernel(
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -453,7 +448,6 @@ def m2_out_heads_kernel(
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
     masked rows; ``SplitConfig.tail_tile``)."""
-    pdl_enter(PDL)
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)

@@ -44,7 +44,6 @@ from .tl_common import (
     decay_weights,
     dt_of,
     gate,
-    pdl_enter,
     ring_decode,
     ring_load,
     ring_load_raw,
@@ -191,9 +190,8 @@ def mamba2_kernel(
     RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
     OUT_ONLY: tl.constexpr = False, ROW_SPLIT: tl.constexpr = False,
-    HW_CVT: tl.constexpr = False, PDL: tl.constexpr = False,
+    HW_CVT: tl.constexpr = False,
 ):
-    pdl_enter(PDL)  # the split step's "group" output launch (SplitConfig.pdl)
     b = tl.program_id(1).to(tl.int64)
     if ROW_SPLIT:  # a program per (head, BLOCK_P-row tile): tile q0 of head h0
         h0 = tl.program_id(0) // NPB

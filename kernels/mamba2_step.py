@@ -102,11 +102,7 @@ class SplitConfig:
     slower), ``tail_tile``
     ("heads" output: a power-of-two remainder of headdim as a smaller tile of its own
     instead of a masked full one; None = for 4-bit copies only: on an H200, nano-4b's 80
-    rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step),
-    ``pdl`` (programmatic dependent launch of the flush, weights and "heads" output
-    launches, sm_90+: each launch's programs wait for the previous kernel of the
-    stream at their start, so its launch and scheduling overlap that kernel's tail;
-    None = off).
+    rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -127,7 +123,6 @@ class SplitConfig:
     flush_pass: str = "scratch"
     out_weights: str = "launch"
     tail_tile: bool | None = None
-    pdl: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -594,7 +589,6 @@ def launch_split_step(
     if weights:
         cache.out_wts = device_buffer(cache.out_wts, batch * H * (RB + 4), x.device)
     wts = cache.out_wts if weights else out
-    pdl = dict(PDL=True, launch_pdl=True) if cfg.pdl and _hw_cvt(x.device) else {}
     m2_flush_kernel[(nprog,)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
@@ -608,15 +602,14 @@ def launch_split_step(
         HW_CVT=_hw_cvt(x.device),
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
         scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
-        num_warps=cfg.flush_warps, **flags, **extra, **pdl,
+        num_warps=cfg.flush_warps, **flags, **extra,
     )
     if weights:
         m2_weights_kernel[(G, batch)](
             wts, rB, cache.ring_dt, cache.tickets, state_indices, dt, B, C, params.A, dtb,
             strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
             HPG=triton.next_power_of_2(H // G), RING=ring_id,
-            HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=2,
-            **pdl)
+            HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=2)
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program
     npb = triton.cdiv(P, bp)
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
@@ -632,7 +625,7 @@ def launch_split_step(
         else:
             tail = 0
         m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, TAIL=tail, wts=wts,
-                                               WEIGHTS=weights, **common, **pdl)
+                                               WEIGHTS=weights, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)
@@ -646,7 +639,7 @@ def launch_split_step(
             NQ=triton.cdiv(P, FLUSH_ROWS), RB=RB, T=1, TB=2, MODE=MODE_STEP,
             CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None, RING=ring_id,
             WRITE_FRESH=False, NEED_AMAX=False, OUT_ONLY=True, num_warps=cfg.num_warps,
-            **flags, **extra, **pdl)
+            **flags, **extra)
 
 
 def mamba2_step(

@@ -147,14 +147,3 @@ def finish_slot(tickets, ring_len, steps, slot, nprog, new_len, new_steps):
         tl.store(ring_len + slot, new_len)
         tl.store(steps + slot, new_steps)
         tl.store(tickets + slot, 0)
-
-
-@triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    """Programmatic dependent launch (a launch with ``launch_pdl=True``, sm_90+): wait
-    until the previous kernel of the stream has completed and its writes are visible,
-    then let the next one launch (its programs take SM slots as this kernel's retire
-    and wait in turn).  Without PDL: nothing (the interpreter has no ``griddepcontrol``)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()

@@ -62,8 +62,6 @@ CANDIDATES: dict[str, list] = {
         # bandwidth in Nsight Compute); at 64 (12 bytes of spill offline) 8 fit
         {**_GR, "block_p": 16, "heads_per_program": 4, "maxnreg": 64},
         {**_GR, "block_p": 16, "heads_per_program": 2},
-        {**_GR, "block_p": 16, "heads_per_program": 4, "pdl": True},
-        {**_GR, "block_p": 32, "heads_per_program": 4, "pdl": True},
     ],
     # Nsight Compute (nano-4b, batch 256): the 1-warp output programs are held to 16 per
     # SM by their registers (25% occupancy; fp8 at 60% of DRAM bandwidth, nvfp4 at 33%),
@@ -81,9 +79,6 @@ CANDIDATES: dict[str, list] = {
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program"},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "pdl": True},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program",
-         "pdl": True},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
@@ -91,7 +86,6 @@ CANDIDATES: dict[str, list] = {
          **_NF},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "tail_tile": False,
          **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "pdl": True, **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products
