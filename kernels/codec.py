@@ -13,20 +13,25 @@ import triton.language as tl
 
 from .state import StateStore
 from .tl_formats import FMT_NVFP4, format_id, load_state, matrix_amax, store_state_with
+from .tl_mamba2_fast import store_fast
 
 
 @triton.jit(do_not_specialize=["seed", "step"])
 def _encode_kernel(x_ptr, c_ptr, s1_ptr, s2_ptr, P, seed, step,
                    FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
-                   FAST: tl.constexpr):
+                   FAST: tl.constexpr, HW: tl.constexpr = False):
     mat = tl.program_id(1).to(tl.int64)
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     row = mat * P + offs_p
     S = tl.load(x_ptr + row[:, None] * N + tl.arange(0, N)[None, :], mask=mask_p[:, None],
                 other=0.0)
-    store_state_with(c_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
-                     matrix_amax(S), FMT, BLOCK_P, N, FAST)
+    if HW:
+        store_fast(c_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
+                   matrix_amax(S), FMT, BLOCK_P, N, True, True)
+    else:
+        store_state_with(c_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
+                         matrix_amax(S), FMT, BLOCK_P, N, FAST)
 
 
 @triton.jit
@@ -54,9 +59,11 @@ def _block_p(fmt_id: int, rows: int, block_p: int | None) -> int:
 
 
 def encode(x: torch.Tensor, fmt: str, *, seed: int = 0, step: int = 0,
-           block_p: int | None = None, fast: bool = False) -> StateStore:
+           block_p: int | None = None, fast: bool = False, hw: bool = False) -> StateStore:
     """Encode ``x`` of shape (slots, heads, rows, cols) with the Triton codecs
-    (``fast``: the integer-rounding encoders the fused kernels may use; the same bits)."""
+    (``fast``: the integer-rounding encoders the fused kernels may use; ``hw``, compiled
+    code only: the flush kernels' ``tl_mamba2_fast.store_fast`` encoders with the
+    hardware fp8 conversion; the same bits either way)."""
     fid = format_id(fmt)
     x = x.float().contiguous()
     out = StateStore.empty(fmt, tuple(x.shape), x.device)
@@ -64,7 +71,7 @@ def encode(x: torch.Tensor, fmt: str, *, seed: int = 0, step: int = 0,
     bp = _block_p(fid, rows, block_p)
     _encode_kernel[(triton.cdiv(rows, bp), s * h)](
         x, *out.kernel_args(), rows, as_int32(seed), as_int32(step), FMT=fid, BLOCK_P=bp, N=cols,
-        FAST=fast)
+        FAST=fast, HW=hw)
     return out
 
 

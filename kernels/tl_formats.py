@@ -384,15 +384,19 @@ def div_shared(x, d):
     wherever ``x - q d`` is exact, i.e. for ``|x| > 2**-100`` once divisors below
     2**-64 (and their dividends) are scaled by 2**64, exactly; smaller ``|x|`` give
     ``|x / d| < 2**-36``, within one ulp (no E4M3 / E2M1 code tells them apart).
-    Zeros keep their sign; non-finite ``x`` give NaN."""
-    tiny = d < 5.421010862427522e-20  # 2**-64
-    f = tl.where(tiny, 1.8446744073709552e19, 1.0)
-    ds = d * f
+    Zeros keep their sign (the correction is added as ``q - (q d - x) r``, whose zero
+    terms take the sign of ``q``); non-finite ``x`` give NaN.  The scaling by 2**64
+    runs only where some divisor needs it (one test per call, not per element)."""
+    ds = d
+    xs = x
+    if tl.max((d < 5.421010862427522e-20).to(tl.int32)) != 0:  # 2**-64
+        f = tl.where(d < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)
+        ds = d * f
+        xs = x * f
     r = tl.math.div_rn(tl.full(ds.shape, 1.0, tl.float32), ds)
-    xs = x * f
     q = xs * r
-    q = tl.fma(tl.fma(-q, ds, xs), r, q)
-    return tl.where(xs == 0.0, xs, q)
+    # sign flips as products by -1 (exact; Triton's unary minus is 0 - x, which loses -0)
+    return tl.fma(tl.fma(q, ds, xs * -1.0) * -1.0, r, q)
 
 
 @triton.jit

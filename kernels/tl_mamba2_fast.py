@@ -117,14 +117,13 @@ def fold_dot(x, w, b, acc, EXACT_B: tl.constexpr):
 def fp8_encode_hw(S):
     """``tl_formats.encode_tile`` for fp8-e4m3 (same bits: row scale ``amax / 448`` and
     ``S / scale`` by IEEE division, clamped to +-448, RNE; non-finite -> 0x7F) with the
-    hardware conversion (``cvt.rn.satfinite.e4m3x2.f32``) instead of the integer
-    rounding.  Compiled code only: the Triton interpreter's fp8 cast does not round to
-    nearest even."""
+    hardware conversion (``cvt.rn.satfinite.e4m3x2.f32``, which also does the clamp:
+    finite values past 448 saturate) instead of the integer rounding.  Compiled code
+    only: the Triton interpreter's fp8 cast does not round to nearest even."""
     fin = tl.abs(S) < float("inf")
     amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
     s1 = tl.math.div_rn(amax, 448.0)
     y = div_shared(S, tl.where(s1 > 0, s1, 1.0)[:, None])
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     c = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     return tl.where(fin, c, 0x7F).to(tl.uint8), s1
 

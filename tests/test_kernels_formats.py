@@ -49,28 +49,37 @@ def hard_values(gen: torch.Generator) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+HW = pytest.mark.skipif(DEVICE != "cuda", reason="the hardware fp8 conversion is compiled only")
+ENCODERS = [pytest.param("reference", id="reference"), pytest.param("fast", id="fast"),
+            pytest.param("hw", id="hw", marks=HW)]
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_encode_decode_bit_exact(fmt: str, fast: bool) -> None:
-    """Both encoder sets (tl_formats.encode_tile_with FAST 0 / 1) write formats/' bits."""
+def test_encode_decode_bit_exact(fmt: str, encoder: str) -> None:
+    """Every encoder set (tl_formats.encode_tile_with FAST 0 / 1, and on a GPU the flush
+    kernels' store_fast with the hardware fp8 conversion) writes formats/' bits."""
     gen = torch.Generator().manual_seed(1)
     x = hard_values(gen).to(DEVICE)
     for seed, step in ((0, 0), (123, 7)):
-        ours = codec.encode(x, fmt, seed=seed, step=step, fast=fast)
+        ours = codec.encode(x, fmt, seed=seed, step=step, fast=encoder == "fast",
+                            hw=encoder == "hw")
         ref = StateStore.encode(x, fmt, seed=seed, step=step)
         assert_same_bits(ours, ref)
         torch.testing.assert_close(codec.decode(ours), ref.decode(), rtol=0, atol=0,
                                    equal_nan=True)
 
 
+@pytest.mark.parametrize("encoder", ENCODERS)
 @pytest.mark.parametrize("fmt", ["fp8-e4m3", "nvfp4", "mxfp4", "bf16", "fp16", "fp16-sr"])
-def test_non_finite(fmt: str) -> None:
+def test_non_finite(fmt: str, encoder: str) -> None:
     x = torch.randn(1, 2, 4, 32, generator=torch.Generator().manual_seed(2))
     x[0, 0, 1, 3] = float("nan")
     x[0, 1, 2, 20] = float("inf")
     x[0, 1, 3, 0] = -float("inf")
+    x[0, 0, 2, 7] = -float("nan")
     x = x.to(DEVICE)
-    ours = codec.encode(x, fmt, seed=3, step=1)
+    ours = codec.encode(x, fmt, seed=3, step=1, fast=encoder == "fast", hw=encoder == "hw")
     ref = StateStore.encode(x, fmt, seed=3, step=1)
     finite = torch.isfinite(ref.decode())
     if fmt not in ("bf16", "fp16", "fp16-sr"):  # NaN payloads of 16-bit casts may differ
