@@ -385,14 +385,10 @@ def div_shared(x, d):
     2**-64 (and their dividends) are scaled by 2**64, exactly; smaller ``|x|`` give
     ``|x / d| < 2**-36``, within one ulp (no E4M3 / E2M1 code tells them apart).
     Zeros keep their sign (the correction is added as ``q - (q d - x) r``, whose zero
-    terms take the sign of ``q``); non-finite ``x`` give NaN.  The scaling by 2**64
-    runs only where some divisor needs it (one test per call, not per element)."""
-    ds = d
-    xs = x
-    if tl.max((d < 5.421010862427522e-20).to(tl.int32)) != 0:  # 2**-64
-        f = tl.where(d < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)
-        ds = d * f
-        xs = x * f
+    terms take the sign of ``q``); non-finite ``x`` give NaN."""
+    f = tl.where(d < 5.421010862427522e-20, 1.8446744073709552e19, 1.0)  # 2**-64, 2**64
+    ds = d * f
+    xs = x * f
     r = tl.math.div_rn(tl.full(ds.shape, 1.0, tl.float32), ds)
     q = xs * r
     # sign flips as products by -1 (exact; Triton's unary minus is 0 - x, which loses -0)
