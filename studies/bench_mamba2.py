@@ -79,8 +79,6 @@ CANDIDATES: dict[str, list] = {
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program"},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 72},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 64},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
@@ -88,8 +86,6 @@ CANDIDATES: dict[str, list] = {
          **_NF},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "tail_tile": False,
          **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 88, **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products
