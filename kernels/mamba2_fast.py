@@ -134,53 +134,6 @@ def _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_
 
 
 @triton.jit
-def _ring_weights(wts, ring_B, ring_dt, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr, s_dtb, s_Bb,
-                  s_Cb, H, G, LR, g, b, slot, c, N: tl.constexpr, RB: tl.constexpr,
-                  HPG: tl.constexpr, RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                  DT_SOFTPLUS: tl.constexpr):
-    """The ring weights of B/C group ``g`` of batch row ``b`` (state ``slot``, ring
-    position ``c``, neither padding nor flushing), for :func:`m2_out_heads_kernel`
-    (``WEIGHTS``).  Per head of the group: the weight of each ring entry before ``c``,
-    ``dt_i e^(Lambda_c - Lambda_i) (B_i . C)``, then ``dt B_c . C`` (this step's
-    entry), ``e^Lambda_c`` and ``dt``, as ``RB + 4`` floats at ``wts[(b H + h) (RB +
-    4)]``.  The group's ring of B is loaded once; its heads (``HPG`` >= heads per
-    group) are one ``[HPG, RB]`` tile."""
-    offs_n = tl.arange(0, N)
-    offs_r = tl.arange(0, RB)
-    hpg = H // G
-    win = slot.to(tl.int64) * LR
-    mr = offs_r < c
-    rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N) +
-                   offs_n[None, :], mr[:, None], RING)
-    B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
-    C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
-    BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
-    BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
-    offs_h = tl.arange(0, HPG)
-    mh = offs_h < hpg
-    heads = g * hpg + offs_h
-    A_h = tl.load(A_ptr + heads, mask=mh, other=0.0).to(tl.float32)
-    dtb = 0.0
-    if HAS_DT_BIAS:
-        dtb = tl.load(dtb_ptr + heads, mask=mh, other=0.0).to(tl.float32)
-    dt = dt_of(tl.load(dt_ptr + b * s_dtb + heads, mask=mh, other=0.0), dtb, HAS_DT_BIAS,
-               DT_SOFTPLUS)
-    rdt = tl.load(ring_dt + win * H + heads[:, None] + offs_r[None, :] * H,
-                  mask=mh[:, None] & mr[None, :], other=0.0)
-    at_c = (offs_r == c)[None, :]
-    cum = tl.cumsum(tl.where(at_c, dt[:, None], rdt) * A_h[:, None], axis=1)
-    last = tl.sum(tl.where(at_c, cum, 0.0), axis=1)
-    w = tl.where(mr[None, :], rdt * tl.exp(last[:, None] - cum), 0.0) * BC[None, :]
-    w_b = wts + (b * H + heads) * (RB + 4)
-    tl.store(w_b[:, None] + offs_r[None, :], w, mask=mh[:, None])
-    four = tl.arange(0, 4)[None, :]
-    tl.store(w_b[:, None] + RB + four,
-             tl.where(four == 0, (dt * BCc)[:, None],
-                      tl.where(four == 1, tl.exp(last)[:, None], dt[:, None])),
-             mask=mh[:, None])
-
-
-@triton.jit
 def m2_weights_kernel(
     wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
@@ -190,16 +143,49 @@ def m2_weights_kernel(
     """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
     ``SplitConfig.out_weights="launch"``), a program per (B/C group ``g``, batch row
     ``b``), launched between the flush and output launches (it reads the clock, which
-    the output launch advances): :func:`_ring_weights` for rows that neither pad nor
-    flush."""
+    the output launch advances).  Per head of the group, for rows that neither pad nor
+    flush: the weight of each ring entry before ``c``, ``dt_i e^(Lambda_c - Lambda_i)
+    (B_i . C)``, then ``dt B_c . C`` (this step's entry), ``e^Lambda_c`` and ``dt``, as
+    ``RB + 4`` floats at ``wts[(b H + h) (RB + 4)]``.  The group's ring of B is loaded
+    once; its heads (``HPG`` >= heads per group) are one ``[HPG, RB]`` tile."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
     c = tl.load(tickets + tl.maximum(slot, 0)) % L
     if (slot >= 0) & (c != L - 1):
-        _ring_weights(wts, ring_B, ring_dt, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr, s_dtb, s_Bb,
-                      s_Cb, H, G, LR, g, b, slot, c, N, RB, HPG, RING, HAS_DT_BIAS,
-                      DT_SOFTPLUS)
+        offs_n = tl.arange(0, N)
+        offs_r = tl.arange(0, RB)
+        hpg = H // G
+        win = slot.to(tl.int64) * LR
+        mr = offs_r < c
+        rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N) +
+                       offs_n[None, :], mr[:, None], RING)
+        B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
+        C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
+        BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
+        BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
+        offs_h = tl.arange(0, HPG)
+        mh = offs_h < hpg
+        heads = g * hpg + offs_h
+        A_h = tl.load(A_ptr + heads, mask=mh, other=0.0).to(tl.float32)
+        dtb = 0.0
+        if HAS_DT_BIAS:
+            dtb = tl.load(dtb_ptr + heads, mask=mh, other=0.0).to(tl.float32)
+        dt = dt_of(tl.load(dt_ptr + b * s_dtb + heads, mask=mh, other=0.0), dtb, HAS_DT_BIAS,
+                   DT_SOFTPLUS)
+        rdt = tl.load(ring_dt + win * H + heads[:, None] + offs_r[None, :] * H,
+                      mask=mh[:, None] & mr[None, :], other=0.0)
+        at_c = (offs_r == c)[None, :]
+        cum = tl.cumsum(tl.where(at_c, dt[:, None], rdt) * A_h[:, None], axis=1)
+        last = tl.sum(tl.where(at_c, cum, 0.0), axis=1)
+        w = tl.where(mr[None, :], rdt * tl.exp(last[:, None] - cum), 0.0) * BC[None, :]
+        w_b = wts + (b * H + heads) * (RB + 4)
+        tl.store(w_b[:, None] + offs_r[None, :], w, mask=mh[:, None])
+        four = tl.arange(0, 4)[None, :]
+        tl.store(w_b[:, None] + RB + four,
+                 tl.where(four == 0, (dt * BCc)[:, None],
+                          tl.where(four == 1, tl.exp(last)[:, None], dt[:, None])),
+                 mask=mh[:, None])
 
 
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
@@ -215,7 +201,6 @@ def m2_flush_kernel(
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
-    wts=None, WEIGHTS: tl.constexpr = False, HPG: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -241,18 +226,6 @@ def m2_flush_kernel(
     SCR: tl.constexpr = SCRATCH and NEED_AMAX and not ONE_PASS
     if SCR:
         scr_p = scr + pid.to(tl.int64) * (FB * NQ * N)
-    if WEIGHTS:  # the output launch's ring weights (SplitConfig.out_weights="flush")
-        u = pid
-        while u < G * Bsz:
-            b = u // G
-            at_b = offs_b == b
-            if tl.sum(tl.where(at_b & live & (cpos != L - 1), 1, 0), axis=0) > 0:
-                _ring_weights(wts, ring_B, ring_dt, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
-                              s_dtb, s_Bb, s_Cb, H, G, LR, u % G, b.to(tl.int64),
-                              tl.sum(tl.where(at_b, sl0, 0), axis=0),
-                              tl.sum(tl.where(at_b, cpos, 0), axis=0), N, RB, HPG, RING,
-                              HAS_DT_BIAS, DT_SOFTPLUS)
-            u += nprog
     u = pid
     while u < units:
         j = u // (H * UPH)

@@ -94,8 +94,7 @@ class SplitConfig:
     bits; H200, nano-4b: 2059 -> 1615 us per nvfp4 flush), ``out_weights`` ("heads"
     output only: where each output row's per-head ring weights, ``B_i . C`` folded in,
     are computed: "launch", the default, in a small launch of their own (a program per
-    B/C group and row, its heads as one tile) for the output programs to load; "flush",
-    the same units taken by the flush launch's persistent programs (one launch less);
+    B/C group and row, its heads as one tile) for the output programs to load;
     "program", every output program from the ring of B itself; on an H200 the nvfp4
     output step took 129 instead of 143 us (nano-4b) and 119 instead of 137
     (super-120b) with "launch", the fp8 one 109 instead of 111 and 111 instead of 118;
@@ -491,8 +490,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.flush_pass not in ("recompute", "scratch"):
         raise ValueError(f"flush_pass must be 'recompute' or 'scratch', got "
                          f"{cfg.flush_pass!r}")
-    if cfg.out_weights not in ("launch", "flush", "program"):
-        raise ValueError(f"out_weights must be 'launch', 'flush' or 'program', got "
+    if cfg.out_weights not in ("launch", "program"):
+        raise ValueError(f"out_weights must be 'launch' or 'program', got "
                          f"{cfg.out_weights!r}")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
@@ -586,9 +585,7 @@ def launch_split_step(
     scratch = cfg.flush_pass == "scratch" and need_amax and not one_pass
     if scratch:
         cache.flush_scratch = device_buffer(cache.flush_scratch, nprog * fb * nq * N, x.device)
-    weights = cfg.out_kernel == "heads" and cfg.out_weights in ("launch", "flush")
-    in_flush = weights and cfg.out_weights == "flush"
-    hpg = triton.next_power_of_2(H // G)
+    weights = cfg.out_kernel == "heads" and cfg.out_weights == "launch"
     if weights:
         cache.out_wts = device_buffer(cache.out_wts, batch * H * (RB + 4), x.device)
     wts = cache.out_wts if weights else out
@@ -605,13 +602,13 @@ def launch_split_step(
         HW_CVT=_hw_cvt(x.device),
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
         scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
-        wts=wts, WEIGHTS=in_flush, HPG=hpg,
         num_warps=cfg.flush_warps, **flags, **extra,
     )
-    if weights and not in_flush:
+    if weights:
         m2_weights_kernel[(G, batch)](
             wts, rB, cache.ring_dt, cache.tickets, state_indices, dt, B, C, params.A, dtb,
-            strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB, HPG=hpg, RING=ring_id,
+            strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
+            HPG=triton.next_power_of_2(H // G), RING=ring_id,
             HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=2)
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program
     npb = triton.cdiv(P, bp)

@@ -79,15 +79,12 @@ CANDIDATES: dict[str, list] = {
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program"},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "flush"},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_weights": "program",
          **_NF},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "tail_tile": False,
-         **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_weights": "flush",
          **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;

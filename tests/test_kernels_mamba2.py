@@ -246,11 +246,6 @@ SPLIT_CONFIGS = {
                                                      out_weights="program")),
     "split-heads-weights-launch": ("split", SplitConfig(heads_per_program=1,
                                                         out_weights="launch")),
-    # ... or taken by the flush launch's persistent programs (one per SM here: each
-    # takes several weight units)
-    "split-heads-weights-flush": ("split", SplitConfig(heads_per_program=1,
-                                                       out_weights="flush",
-                                                       flush_ctas_per_sm=1)),
     # flush programs of four / two warps (the default: one; a chunk's row reductions
     # across warps)
     "split-flush-4warps": ("split", SplitConfig(flush_warps=4, flush_maxnreg=0)),
@@ -290,12 +285,10 @@ def test_replay_slots_padding_and_bf16_inputs(variant) -> None:
     assert cache.steps_taken().tolist() == [0, 4, 0, 0, 4]
 
 
-@pytest.mark.parametrize("weights", ["launch", "flush"])
-def test_split_step_with_staggered_phases_equals_fused(weights: str) -> None:
+def test_split_step_with_staggered_phases_equals_fused() -> None:
     """Slots at different ring positions (admitted on different steps): every step some
     rows flush while the others output.  The split launches (nvfp4 read copy, its
-    flush's scratch pass) give the one-launch kernel's outputs, checkpoints and clocks;
-    "flush": the same flush launch also takes the other rows' ring weights."""
+    flush's scratch pass) give the one-launch kernel's outputs, checkpoints and clocks."""
     L, batch = 3, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=9)
     head = HeadParams(params.A, params.D, params.dt_bias)
@@ -303,8 +296,7 @@ def test_split_step_with_staggered_phases_equals_fused(weights: str) -> None:
     for launch in ("fused", "split"):
         cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp16-sr",
                                      read_format="nvfp4", window=L, device=DEV, seed=3,
-                                     launch=launch,
-                                     split_config=SplitConfig(out_weights=weights))
+                                     launch=launch)
         cache.load_state(state0(batch))
         stagger_clocks(cache.tickets, L, cache.programs_per_slot)
         ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
