@@ -11,6 +11,9 @@ the profiler's own filters, e.g. the flush of a Mamba-2 fp8 split design:
         --launch-skip 15 --launch-count 1 --section SpeedOfLight \\
         python benchmarks/profile_steps.py --kind mamba2 --design split-fp32-fp8
 
+``--split FIELD=VALUE ...`` profiles a Mamba-2 launch configuration other than the
+defaults (``SplitConfig`` fields, e.g. ``--split maxnreg=96 out_weights=program``).
+
 Exit 2 with one line on bad arguments or without a GPU.
 """
 
