@@ -25,6 +25,9 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("profile_steps.py", ["--design", "fp64"], "invalid choice"),
     ("profile_steps.py", ["--kind", "gdn", "--model", "nemotron-3-nano-4b"], "is a mamba2"),
     ("profile_steps.py", ["--model", "no-such-model"], "unknown model"),
+    ("profile_steps.py", ["--split", "maxnreg"], "FIELD=VALUE"),
+    ("profile_steps.py", ["--split", "no_such_field=1"], "SplitConfig field"),
+    ("profile_steps.py", ["--kind", "gdn", "--split", "maxnreg=96"], "for Mamba-2"),
 ])
 def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
     r = run(script, *args, tmp=tmp_path)
