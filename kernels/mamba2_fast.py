@@ -74,33 +74,42 @@ from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
 
 @triton.jit
 def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, decay, eB,
-          x_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr):
+          x_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
+          ZERO_PAD: tl.constexpr):
     """Fresh fp32 state of rows ``rows``: ``decay S_c + sum_i (w_i x_i) B_i^T`` over ring
     entries ``[0, c)`` and this step's ``x_cur`` at entry ``c``.  An nvfp4 checkpoint is
-    decoded with ``s2_old`` (its matrix scale before this flush)."""
+    decoded with ``s2_old`` (its matrix scale before this flush).  ``ZERO_PAD`` (a
+    matrix amax follows): rows past ``P`` are exactly zero; otherwise they are whatever
+    the masked loads give (zeros, unless B is not finite) and are never stored."""
     if CK_FMT == K_NVFP4:
         codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
         S = tl.where(m[:, None], decode_tile(codes, s1, s2_old, CK_FMT, FB, N), 0.0)
-    else:
+    elif ZERO_PAD:
         S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
+    else:  # no per-element select: masked loads already give zero codes and scales
+        codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
+        S = decode_tile(codes, s1, s2, CK_FMT, FB, N)
     ex = ring_load(rx_h + offs_r[:, None] * HP + rows[None, :],
                    (offs_r < c)[:, None] & m[None, :], RING)
     ex = tl.where((offs_r == c)[:, None], ring_round(x_cur, RING)[None, :], ex)
     # explicit splits (fold_dot): an nvfp4 flush computes its rows twice, same bits
     Sn = fold_dot(tl.trans(ex), w, eB, S * decay, RING != K_RING_FP32)
-    return tl.where(m[:, None], Sn, 0.0)
+    if ZERO_PAD:
+        Sn = tl.where(m[:, None], Sn, 0.0)
+    return Sn
 
 
 @triton.jit
 def _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h, HP, offs_r, c, w, decay, eB,
-           CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr):
+           CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
+           ZERO_PAD: tl.constexpr):
     """Chunk ``q`` of a flush unit starting at row ``r0``: its rows, their mask, this
     step's x and the fresh fp32 rows (:func:`_fold`)."""
     rows = r0 + q * FB + tl.arange(0, FB)
     m = rows < P
     x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
     Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, decay, eB,
-               x_c, CK_FMT, FB, N, RING)
+               x_c, CK_FMT, FB, N, RING, ZERO_PAD)
     return rows, m, x_c, Sn
 
 
@@ -261,7 +270,8 @@ def m2_flush_kernel(
         if SCR:  # nvfp4, scratch pass: fold once; what needs no amax is written now
             for q in tl.range(0, NQ, num_stages=NSF):
                 rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
-                                          HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING)
+                                          HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING,
+                                          NEED_AMAX)
                 amax = tl.maximum(amax, matrix_amax(Sn))
                 _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                            HAS_Z)
@@ -282,11 +292,12 @@ def m2_flush_kernel(
                 for q in range(NQ):
                     rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h,
                                               rx_h, HP, offs_r, c, w, decay, eB, CK_FMT, FB, N,
-                                              RING)
+                                              RING, NEED_AMAX)
                     amax = tl.maximum(amax, matrix_amax(Sn))
             for q in tl.range(0, NQ, num_stages=NSF):
                 rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
-                                          HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING)
+                                          HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING,
+                                          NEED_AMAX)
                 _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                            HAS_Z)
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
