@@ -123,13 +123,9 @@ _F1 = dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=8, flush_maxnreg=255
 _F2 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168,
            flush_warps=2)
 # (4-warp flushes, the default before, lost by 21-28% and are no longer tried)
-_F9 = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=9, flush_maxnreg=216,
-           flush_warps=1)
-_F10 = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=10, flush_maxnreg=200,
-            flush_warps=1)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
-    "replay-fp32": [_F1, _F2, _F9, _F10],
-    "split-fp32-fp8": [_F1, _F2, _F9, _F10],
+    "replay-fp32": [_F1, _F2],
+    "split-fp32-fp8": [_F1, _F2],
     # the fast nvfp4 encoder (the default; same bits) measured 2365 -> 2052 us per
     # flush on an H200 (nano-4b); one-pass 64 / 128-row chunks (a whole head, fewer
     # programs per SM) took 4670-5325 us and are no longer tried
