@@ -65,7 +65,6 @@ from .tl_formats import (
     K_NVFP4,
     decode_tile,
     load_codes,
-    load_state,
     matrix_amax,
     tile_offsets,
 )
@@ -81,14 +80,12 @@ def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, d
     decoded with ``s2_old`` (its matrix scale before this flush).  ``ZERO_PAD`` (a
     matrix amax follows): rows past ``P`` are exactly zero; otherwise they are whatever
     the masked loads give (zeros, unless B is not finite) and are never stored."""
+    codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
     if CK_FMT == K_NVFP4:
-        codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
-        S = tl.where(m[:, None], decode_tile(codes, s1, s2_old, CK_FMT, FB, N), 0.0)
-    elif ZERO_PAD:
-        S = load_state(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
-    else:  # no per-element select: masked loads already give zero codes and scales
-        codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
-        S = decode_tile(codes, s1, s2, CK_FMT, FB, N)
+        s2 = s2_old
+    S = decode_tile(codes, s1, s2, CK_FMT, FB, N)
+    if ZERO_PAD:  # (without: masked loads already give zero codes and scales)
+        S = tl.where(m[:, None], S, 0.0)
     ex = ring_load(rx_h + offs_r[:, None] * HP + rows[None, :],
                    (offs_r < c)[:, None] & m[None, :], RING)
     ex = tl.where((offs_r == c)[:, None], ring_round(x_cur, RING)[None, :], ex)
