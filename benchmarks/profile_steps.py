@@ -50,14 +50,14 @@ def _split_config(pairs: list[str]):
 
 
 def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device,
-                 split: list[str]):
+                 split_config):
     from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache, mamba2_step
     from precisionlab.studies.bench_mamba2 import _Problem
 
     prob = _Problem(model, batch, device)
     cache = Mamba2Cache.allocate(batch, prob.H, prob.P, prob.N, prob.G, checkpoint_format=ck,
                                  read_format=rd, window=L, device=device, seed=1,
-                                 split_config=_split_config(split))
+                                 split_config=split_config)
     cache.load_state(prob.state())
     inp = prob.step_inputs()
     head = HeadParams(prob.A, prob.D, prob.dt_bias)
@@ -66,8 +66,7 @@ def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device
                                z=inp["z"], dt_softplus=True, out=out)
 
 
-def _gdn_step(model: str, batch: int, ck: str, rd: str | None, L: int, device,
-              split: list[str]):
+def _gdn_step(model: str, batch: int, ck: str, rd: str | None, L: int, device):
     from precisionlab.kernels.gdn_decode import GDNReplayCache
     from precisionlab.studies.bench_gdn import _inputs, _state0, shape_of
 
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.split and args.kind != "mamba2":
         ap.error("--split is for Mamba-2 designs")
     try:
-        _split_config(args.split)
+        split_config = _split_config(args.split)
     except (ValueError, TypeError) as e:
         ap.error(str(e))
     if not torch.cuda.is_available():
@@ -112,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.device("cuda")
     ck, rd = DESIGNS[args.design]
-    build = _mamba2_step if args.kind == "mamba2" else _gdn_step
-    step = build(model, args.batch, ck, rd, args.window, device, args.split)
+    if args.kind == "mamba2":
+        step = _mamba2_step(model, args.batch, ck, rd, args.window, device, split_config)
+    else:
+        step = _gdn_step(model, args.batch, ck, rd, args.window, device)
     for _ in range(args.window):  # compile every branch; back at ring position 0
         step()
     torch.cuda.synchronize()
