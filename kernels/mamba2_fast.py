@@ -62,6 +62,9 @@ from .tl_common import (
     ring_store,
 )
 from .tl_formats import (
+    K_FP8,
+    K_FP32,
+    K_MXFP4,
     K_NVFP4,
     decode_tile,
     load_codes,
@@ -69,6 +72,7 @@ from .tl_formats import (
     tile_offsets,
 )
 from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
+from .tl_prefetch import l2_prefetch_bytes, l2_prefetch_lines
 
 
 @triton.jit
@@ -108,6 +112,31 @@ def _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h, HP, offs_r, c, 
     Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, decay, eB,
                x_c, CK_FMT, FB, N, RING, ZERO_PAD)
     return rows, m, x_c, Sn
+
+
+@triton.jit
+def _prefetch_chunk(ck_c, rx_h, x_h, z_h, mat, row, P, HP, offs_r, c, CK_FMT: tl.constexpr,
+                    FB: tl.constexpr, N: tl.constexpr, HAS_Z: tl.constexpr):
+    """L2 prefetch of what the flush chunk of rows ``[row, row + FB)`` of matrix ``mat``
+    will load: its checkpoint rows (one bulk prefetch; rows past ``P`` are left out),
+    its ring entries ``[0, c)`` of x, this step's x and gate rows."""
+    if (CK_FMT == K_NVFP4) or (CK_FMT == K_MXFP4):
+        ROWB: tl.constexpr = N // 2
+    elif CK_FMT == K_FP8:
+        ROWB: tl.constexpr = N
+    elif CK_FMT == K_FP32:
+        ROWB: tl.constexpr = 4 * N
+    else:
+        ROWB: tl.constexpr = 2 * N
+    row = tl.minimum(row, P - 1)
+    nrows = tl.minimum(P - row, FB)
+    l2_prefetch_bytes(ck_c.to(tl.pointer_type(tl.uint8)) + (mat * P + row) * ROWB,
+                      nrows * ROWB)
+    u8: tl.constexpr = tl.pointer_type(tl.uint8)
+    l2_prefetch_lines(tl.where(offs_r < c, (rx_h + offs_r * HP + row).to(u8),
+                               (x_h + row + offs_r * 0).to(u8)))
+    if HAS_Z:
+        l2_prefetch_lines(z_h + row + tl.zeros([1], tl.int32))
 
 
 @triton.jit
@@ -194,6 +223,36 @@ def m2_weights_kernel(
                  mask=mh[:, None])
 
 
+@triton.jit
+def _unit(u, key, offs_b, sl0, k, H, UPH, ROWS: tl.constexpr):
+    """Flush unit ``u``: its batch row, slot, clock, head and first row (a unit past
+    the last gives row and slot 0)."""
+    j = u // (H * UPH)
+    rem = u % (H * UPH)
+    sel = key == j + 1
+    bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0).to(tl.int64)
+    slot = tl.sum(tl.where(sel, sl0, 0), axis=0).to(tl.int64)
+    t = tl.sum(tl.where(sel, k, 0), axis=0)
+    return bidx, slot, t, rem // UPH, (rem % UPH) * ROWS
+
+
+@triton.jit
+def _prefetch_ahead(ck_c, ring_x, x_ptr, z_ptr, q, slot, bidx, h, r0, slot2, bidx2, h2, r02,
+                    s_xb, s_zb, H, P, HP, LR, offs_r, c, CK_FMT: tl.constexpr, FB: tl.constexpr,
+                    NQ: tl.constexpr, N: tl.constexpr, PF: tl.constexpr, HAS_Z: tl.constexpr):
+    """L2 prefetch of the chunk ``PF`` after chunk ``q`` of the unit (slot, bidx, h, r0):
+    one of its own, or of the program's next unit (slot2, bidx2, h2, r02)."""
+    qn = q + PF
+    nxt = qn >= NQ
+    sl = tl.where(nxt, slot2, slot)
+    bi = tl.where(nxt, bidx2, bidx)
+    hh = tl.where(nxt, h2, h)
+    row = tl.where(nxt, r02 + (qn - NQ) * FB, r0 + qn * FB)
+    _prefetch_chunk(ck_c, ring_x + sl * LR * HP + hh * P, x_ptr + bi * s_xb + hh * P,
+                    z_ptr + bi * s_zb + hh * P, sl * H + hh, row, P, HP, offs_r, c, CK_FMT, FB,
+                    N, HAS_Z)
+
+
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
 def m2_flush_kernel(
     ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr,
@@ -207,6 +266,7 @@ def m2_flush_kernel(
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
+    PF: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -234,14 +294,15 @@ def m2_flush_kernel(
         scr_p = scr + pid.to(tl.int64) * (FB * NQ * N)
     u = pid
     while u < units:
-        j = u // (H * UPH)
-        rem = u % (H * UPH)
-        h = rem // UPH
-        r0 = (rem % UPH) * (FB * NQ)
-        sel = key == j + 1
-        bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0).to(tl.int64)
-        slot = tl.sum(tl.where(sel, sl0, 0), axis=0).to(tl.int64)
-        t = tl.sum(tl.where(sel, k, 0), axis=0)
+        bidx, slot, t, h, r0 = _unit(u, key, offs_b, sl0, k, H, UPH, FB * NQ)
+        if PF > 0:  # L2 prefetch: a program's first chunks, then PF chunks ahead
+            if u == pid:
+                for d in tl.static_range(PF):
+                    _prefetch_chunk(ck_c, ring_x + slot * LR * HP + h * P,
+                                    x_ptr + bidx * s_xb + h * P, z_ptr + bidx * s_zb + h * P,
+                                    slot * H + h, r0 + d * FB, P, HP, offs_r, c, CK_FMT, FB,
+                                    N, HAS_Z)
+            bidx2, slot2, _t, h2, r02 = _unit(u + nprog, key, offs_b, sl0, k, H, UPH, FB * NQ)
         g = h // (H // G)
         mat = slot * H + h
         win = slot * LR
@@ -266,6 +327,10 @@ def m2_flush_kernel(
         # from the chunk itself (one fold, no second pass)
         if SCR:  # nvfp4, scratch pass: fold once; what needs no amax is written now
             for q in tl.range(0, NQ, num_stages=NSF):
+                if PF > 0:
+                    _prefetch_ahead(ck_c, ring_x, x_ptr, z_ptr, q, slot, bidx, h, r0, slot2,
+                                    bidx2, h2, r02, s_xb, s_zb, H, P, HP, LR, offs_r, c, CK_FMT,
+                                    FB, NQ, N, PF, HAS_Z)
                 rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
                                           HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING,
                                           NEED_AMAX)
@@ -292,6 +357,10 @@ def m2_flush_kernel(
                                               RING, NEED_AMAX)
                     amax = tl.maximum(amax, matrix_amax(Sn))
             for q in tl.range(0, NQ, num_stages=NSF):
+                if PF > 0:
+                    _prefetch_ahead(ck_c, ring_x, x_ptr, z_ptr, q, slot, bidx, h, r0, slot2,
+                                    bidx2, h2, r02, s_xb, s_zb, H, P, HP, LR, offs_r, c, CK_FMT,
+                                    FB, NQ, N, PF, HAS_Z)
                 rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
                                           HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING,
                                           NEED_AMAX)
@@ -416,6 +485,42 @@ def m2_out_kernel(
 
 
 @triton.jit
+def _prefetch_out(rd_c, rd_s1, ring_x, mat, h, slot, c, P, HP, LR, offs_r, RD_FMT: tl.constexpr,
+                  N: tl.constexpr, HPP: tl.constexpr, RING: tl.constexpr):
+    """L2 prefetch of what an output program of heads ``[h, h + HPP)`` of matrix ``mat``
+    (slot ``slot``, ring position ``c``) will load: the heads' stored rows (one bulk
+    prefetch), their scales and their ring rows of x before ``c``."""
+    u8: tl.constexpr = tl.pointer_type(tl.uint8)
+    if (RD_FMT == K_NVFP4) or (RD_FMT == K_MXFP4):
+        ROWB: tl.constexpr = N // 2
+    elif RD_FMT == K_FP8:
+        ROWB: tl.constexpr = N
+    elif RD_FMT == K_FP32:
+        ROWB: tl.constexpr = 4 * N
+    else:
+        ROWB: tl.constexpr = 2 * N
+    l2_prefetch_bytes(rd_c.to(u8) + mat * P * ROWB, HPP * P * ROWB)
+    lines = tl.arange(0, 8) * 128
+    if RD_FMT == K_FP8:
+        SB: tl.constexpr = 4
+    elif RD_FMT == K_NVFP4:
+        SB: tl.constexpr = N // 16
+    elif RD_FMT == K_MXFP4:
+        SB: tl.constexpr = N // 32
+    else:
+        SB: tl.constexpr = 0
+    if SB > 0:
+        l2_prefetch_lines(rd_s1.to(u8) + mat * P * SB + tl.minimum(lines, HPP * P * SB - 1))
+    if RING == K_RING_FP32:
+        XB: tl.constexpr = 4
+    else:
+        XB: tl.constexpr = 2
+    ent = tl.where(offs_r < c, offs_r, 0)
+    rows = (ring_x + slot * LR * HP + ent[:, None] * HP + h * P).to(u8)
+    l2_prefetch_lines(rows + tl.minimum(tl.arange(0, 4) * 128, HPP * P * XB - 1)[None, :])
+
+
+@triton.jit
 def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
                 C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
                 N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
@@ -446,6 +551,7 @@ def m2_out_heads_kernel(
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
+    PFO: tl.constexpr = 0,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -460,6 +566,12 @@ def m2_out_heads_kernel(
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
     c = tl.load(pos + b)  # ring position (written by the flush launch); -1: padding
+    if PFO > 0:  # the program PFO launches later: its row's slot and position now, its
+        nh = tl.num_programs(0)  # L2 prefetch at the end
+        tgt = pid + b * nh + PFO
+        b_t = tl.minimum(tgt // nh, tl.num_programs(1) - 1)
+        slot_t = tl.load(state_idx + b_t)
+        c_t = tl.load(pos + b_t)
     h0 = pid * HPP
     out_b = out_ptr + b * s_ob
     if slot < 0:  # padding row: zero outputs
@@ -529,3 +641,9 @@ def m2_out_heads_kernel(
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)
+    if PFO > 0:
+        if (tgt // nh < tl.num_programs(1)) & (slot_t >= 0) & (c_t != L - 1):
+            h_t = (tgt % nh) * HPP
+            _prefetch_out(rd_c, rd_s1, ring_x, slot_t.to(tl.int64) * H + h_t, h_t,
+                          slot_t.to(tl.int64), c_t, P, H * P, LR, tl.arange(0, RB), RD_FMT, N,
+                          HPP, RING)

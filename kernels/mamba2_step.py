@@ -123,6 +123,8 @@ class SplitConfig:
     flush_pass: str = "scratch"
     out_weights: str = "launch"
     tail_tile: bool | None = None
+    flush_prefetch: int | None = None
+    out_prefetch: int | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -493,6 +495,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.out_weights not in ("launch", "program"):
         raise ValueError(f"out_weights must be 'launch' or 'program', got "
                          f"{cfg.out_weights!r}")
+    for name in ("flush_prefetch", "out_prefetch"):
+        if (getattr(cfg, name) or 0) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
     if kind == "group":
@@ -531,7 +536,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
                    ((96 if _BYTES_BY_ID[rd_id] < 1 else 80) if kind == "heads" and narrow
                     and hpp == 1 else None),
-                   flush_maxnreg=fmax)
+                   flush_maxnreg=fmax,
+                   flush_prefetch=cfg.flush_prefetch if cfg.flush_prefetch is not None else 0,
+                   out_prefetch=cfg.out_prefetch if cfg.out_prefetch is not None else 0)
 
 
 def launch_split_step(
@@ -602,6 +609,7 @@ def launch_split_step(
         HW_CVT=_hw_cvt(x.device),
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
         scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
+        PF=min(cfg.flush_prefetch, nq) if _hw_cvt(x.device) else 0,
         num_warps=cfg.flush_warps, **flags, **extra,
     )
     if weights:
@@ -624,8 +632,9 @@ def launch_split_step(
             common["NPB"] = P // bp
         else:
             tail = 0
-        m2_out_heads_kernel[(H // hpp, batch)](*args, HPP=hpp, TAIL=tail, wts=wts,
-                                               WEIGHTS=weights, **common)
+        m2_out_heads_kernel[(H // hpp, batch)](
+            *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
+            PFO=cfg.out_prefetch if _hw_cvt(x.device) else 0, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -581,6 +581,46 @@ def test_cuda_graph_replay_walks_the_window(launch) -> None:
     assert graphed.steps_taken().tolist() == [2 * L + 1] * batch
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="L2 prefetch is compiled code only")
+@pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
+def test_prefetch_changes_no_bit(ck, rd) -> None:
+    """The split launches' L2 prefetches (``SplitConfig.flush_prefetch``: flush chunks
+    ahead, into the program's next unit; ``out_prefetch``: the output program that many
+    launches later) write the same outputs and copies as none: one persistent flush
+    program per SM, so each takes several units and prefetches across them, 16-row
+    chunks of a 24-row head (the last one partly outside it)."""
+    batch, L = 48, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=5)
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    res = []
+    for pf, po in ((0, 0), (1, 3), (2, 64)):
+        cfg = SplitConfig(flush_prefetch=pf, out_prefetch=po, flush_ctas_per_sm=1,
+                          out_kernel="heads")
+        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
+                                     window=L, device=DEV, seed=3, launch="split",
+                                     split_config=cfg)
+        cache.load_state(state0(batch))
+        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                          dt_softplus=True).clone() for r in raws]
+        res.append((ys, [t.clone() for t in cache.ckpt.tensors()],
+                    [t.clone() for t in (cache.read or cache.ckpt).tensors()]))
+    for ys, cks, rds in res[1:]:
+        for a, b in zip(ys, res[0][0], strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(cks + rds, res[0][1] + res[0][2], strict=True):
+            assert torch.equal(bits(a), bits(b))
+
+
+@pytest.mark.parametrize("field", ["flush_prefetch", "out_prefetch"])
+def test_prefetch_rejects_negative(field) -> None:
+    cache = Mamba2Cache.allocate(1, H, P, N, G, window=2, device=DEV, launch="split",
+                                 split_config=SplitConfig(**{field: -1}))
+    x = torch.zeros(1, H, P, device=DEV)
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
+                    torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="the engine's triton backend needs a GPU")
 def test_engine_triton_backend_matches_torch() -> None:
     from precisionlab.engine import run
