@@ -125,7 +125,6 @@ class SplitConfig:
     tail_tile: bool | None = None
     flush_prefetch: int | None = None
     out_prefetch: int | None = None
-    concurrent_weights: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -177,8 +176,6 @@ class Mamba2Cache:
     """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
-    side_stream: torch.cuda.Stream | None = None
-    """The second stream of the weights launch (``SplitConfig.concurrent_weights``)."""
 
     @classmethod
     def allocate(
@@ -541,9 +538,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                     and hpp == 1 else None),
                    flush_maxnreg=fmax,
                    flush_prefetch=cfg.flush_prefetch if cfg.flush_prefetch is not None else 0,
-                   out_prefetch=cfg.out_prefetch if cfg.out_prefetch is not None else 0,
-                   concurrent_weights=(cfg.concurrent_weights
-                                       if cfg.concurrent_weights is not None else True))
+                   out_prefetch=cfg.out_prefetch if cfg.out_prefetch is not None else 0)
 
 
 def launch_split_step(
@@ -601,25 +596,6 @@ def launch_split_step(
     if weights:
         cache.out_wts = device_buffer(cache.out_wts, batch * H * (RB + 4), x.device)
     wts = cache.out_wts if weights else out
-
-    def launch_weights() -> None:
-        m2_weights_kernel[(G, batch)](
-            wts, rB, cache.ring_dt, cache.tickets, state_indices, dt, B, C, params.A, dtb,
-            strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
-            HPG=triton.next_power_of_2(H // G), RING=ring_id,
-            HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=2)
-
-    side = None
-    if weights and cfg.concurrent_weights and x.is_cuda:
-        # the weights launch beside the flush launch (disjoint rows; both only read
-        # the clock), joined before the output launch: a fork and a join, capturable
-        main = torch.cuda.current_stream(x.device)
-        if cache.side_stream is None:
-            cache.side_stream = torch.cuda.Stream(device=x.device)
-        side = cache.side_stream
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            launch_weights()
     m2_flush_kernel[(nprog,)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
@@ -636,10 +612,12 @@ def launch_split_step(
         PF=min(cfg.flush_prefetch, nq) if _hw_cvt(x.device) else 0,
         num_warps=cfg.flush_warps, **flags, **extra,
     )
-    if side is not None:
-        torch.cuda.current_stream(x.device).wait_stream(side)
-    elif weights:
-        launch_weights()
+    if weights:
+        m2_weights_kernel[(G, batch)](
+            wts, rB, cache.ring_dt, cache.tickets, state_indices, dt, B, C, params.A, dtb,
+            strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
+            HPG=triton.next_power_of_2(H // G), RING=ring_id,
+            HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=2)
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program
     npb = triton.cdiv(P, bp)
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}

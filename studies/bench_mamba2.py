@@ -129,11 +129,9 @@ _F1 = dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=8, flush_maxnreg=255
 _F2 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168,
            flush_warps=2)
 # (4-warp flushes, the default before, lost by 21-28% and are no longer tried)
-_F1P1 = {**_F1, "flush_stages": 1, "flush_prefetch": 1}
-_F1P1R = {**_F1P1, "flush_ctas_per_sm": 10, "flush_maxnreg": 200}
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
-    "replay-fp32": [_F1, {**_F1, "flush_prefetch": 1}, _F1P1, _F1P1R],
-    "split-fp32-fp8": [_F1, {**_F1, "flush_prefetch": 1}, _F1P1, _F1P1R],
+    "replay-fp32": [_F1, {**_F1, "flush_prefetch": 1}, {**_F1, "flush_prefetch": 2}, _F2],
+    "split-fp32-fp8": [_F1, {**_F1, "flush_prefetch": 1}, {**_F1, "flush_prefetch": 2}, _F2],
     # the fast nvfp4 encoder (the default; same bits) measured 2365 -> 2052 us per
     # flush on an H200 (nano-4b); one-pass 64 / 128-row chunks (a whole head, fewer
     # programs per SM) took 4670-5325 us and are no longer tried
@@ -143,6 +141,8 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
     # 2-warp nvfp4 flushes (8 / 6 per SM) took 2301 / 2002 us against 1602 (nano-4b)
     "split-fp16sr-nvfp4": [
         _NF,  # the scratch pass, the default since it measured 2059 -> 1615 us
+        {**_NF, "flush_prefetch": 1},
+        {**_NF, "flush_prefetch": 2},
         {**_NF, "flush_pass": "recompute"},
         {**_NF, "flush_ctas_per_sm": 3, "flush_maxnreg": 168},
         {**_NF, "flush_stages": 2},

@@ -588,16 +588,14 @@ def test_prefetch_changes_no_bit(ck, rd) -> None:
     ahead, into the program's next unit; ``out_prefetch``: the output program that many
     launches later) write the same outputs and copies as none: one persistent flush
     program per SM, so each takes several units and prefetches across them, 16-row
-    chunks of a 24-row head (the last one partly outside it).  The weights launch runs
-    beside the flush launch on a second stream (``concurrent_weights``) in all but the
-    first."""
+    chunks of a 24-row head (the last one partly outside it)."""
     batch, L = 48, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=5)
     head = HeadParams(params.A, params.D, params.dt_bias)
     res = []
     for pf, po in ((0, 0), (1, 3), (2, 64)):
         cfg = SplitConfig(flush_prefetch=pf, out_prefetch=po, flush_ctas_per_sm=1,
-                          out_kernel="heads", concurrent_weights=pf > 0)
+                          out_kernel="heads")
         cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
                                      window=L, device=DEV, seed=3, launch="split",
                                      split_config=cfg)
