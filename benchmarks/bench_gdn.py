@@ -62,7 +62,7 @@ OUT_KEYS = ("launch", "out_block_v", "out_num_warps", "out_tiles_per_program", "
             "out_maxnreg", "eager", "prep_num_warps")
 FLUSH_KEYS = ("block_v", "num_warps", "flush_chunk", "flush_stages", "maxnreg",
               "flush_ctas_per_sm", "dot_precision", "flush_licm", "flush_grid", "flush_pass",
-              "fast_encode")
+              "fast_encode", "flush_prefetch")
 # 32-row tiles over 2 warps hold fewer registers than the defaults (offline sm_90,
 # qwen3.5-4b: fp8 80 against 96, nvfp4 96 against 128)
 _OUT_ALTS = {"replay-fp32": [{"out_block_v": 32, "out_num_warps": 2},
@@ -90,15 +90,17 @@ _FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}
 _ONE_WARP = {"num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8}
 # alternatives tried at (first model, batch 256, first window).  Tile counts per program
 # assume 2 v-heads per k-head (qwen3.5).
+# L2 prefetch in the flush's chunk loop, one or two chunks ahead
+_PREFETCH = [{"flush_prefetch": 1}, {"flush_prefetch": 2}]
 SWEEP = {
-    "replay-fp32": _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS, _ONE_WARP],
+    "replay-fp32": _PREFETCH + _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS, _ONE_WARP],
     # prep launch (11.7 us of a ~95 us output step, 1.7 waves of 2-warp programs on an
     # H200, Nsight Compute): 1 warp (the default since the fourth run: 156.8 -> 155.0
     # us per step), 2 or 4
-    "split-fp32-fp8": _OUT_ALTS["split-fp32-fp8"][:2] + [{"prep_num_warps": 2},
+    "split-fp32-fp8": _PREFETCH + _OUT_ALTS["split-fp32-fp8"][:2] + [{"prep_num_warps": 2},
                                                          {"prep_num_warps": 4}]
     + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}],
-    "split-fp16sr-nvfp4": _OUT_ALTS["split-fp16sr-nvfp4"][:2]
+    "split-fp16sr-nvfp4": _PREFETCH + _OUT_ALTS["split-fp16sr-nvfp4"][:2]
     + [{"flush_licm": True}, {"flush_pass": "recompute"}, {**_UNITS, "flush_ctas_per_sm": 3},
        {"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}],
     # staged-dot: all drafts' reductions of a state tile as one tensor-core product

@@ -107,6 +107,7 @@ from .tl_formats import (
     store_state,
     store_state_with,
 )
+from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows, prefetch_on
 
 RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
@@ -269,6 +270,18 @@ def _dot_exact_b(a, b, DOT: tl.constexpr, acc=None):
 
 
 @triton.jit
+def _prefetch_chunk(c_data, ring_v, rbase, h, mat, row, valid, HV: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, FB: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr):
+    """L2 prefetch of what the flush chunk of rows ``[row, row + FB)`` of matrix ``mat``
+    will load: its checkpoint rows and their ring entries of v (a ``row`` past the
+    matrix is taken as its last)."""
+    l2_prefetch_rows(c_data, mat, row, V, FB, C_FMT, K)
+    r = tl.minimum(row, V - 1)
+    l2_prefetch_lines(ring_v + (rbase * HV + h) * V + tl.where(valid, tl.arange(0, RP), 0) *
+                      (HV * V) + r)
+
+
+@triton.jit
 def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g, ring_b,
                 ring_kk, v_row, out_row, rbase, h, hk, mat, v0, n, q, k, g, beta, seed, t,
                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -277,7 +290,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
                 STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
                 NOLICM: tl.constexpr = True, scr=None, SCRATCH: tl.constexpr = False,
-                FAST: tl.constexpr = False):
+                FAST: tl.constexpr = False, PF: tl.constexpr = 0):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -291,9 +304,16 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     them again and writes; with SCRATCH the first pass also writes everything that
     needs no amax and the fp32 rows to ``scr`` (the unit's ``(BVF, K)`` scratch), and
     the second pass only encodes the nvfp4 copies from those rows (the same fp32 values,
-    so the same bits).  FAST: ``tl_formats.encode_tile_with(..., FAST=True)`` encoders."""
+    so the same bits).  FAST: ``tl_formats.encode_tile_with(..., FAST=True)`` encoders.
+    PF (compiled code only): L2 prefetch of the first PF chunks before the set-up, then
+    of the chunk PF ahead at the top of every chunk."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
+    NCH: tl.constexpr = BVF // FB
+    if PF > 0:
+        for d in tl.static_range(min(PF, NCH)):
+            _prefetch_chunk(c_data, ring_v, rbase, h, mat, v0 + d * FB, valid, HV, K, V, FB, RP,
+                            C_FMT)
     Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
     br = tl.load(ring_b + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
     KK = tl.load(ring_kk + (rbase * HK + hk) * RP + offs_r[:, None] * (HK * RP) + offs_r[None, :],
@@ -335,6 +355,9 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     elif AMAX and SCRATCH:
         offs_k = tl.arange(0, K)
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
+            if PF > 0:
+                _prefetch_chunk(c_data, ring_v, rbase, h, mat, v0 + (c + PF) * FB, valid, HV, K,
+                                V, FB, RP, C_FMT)
             offs_v = v0 + c * FB + tl.arange(0, FB)
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
                              offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
@@ -360,6 +383,9 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                                  C_FMT, RING, STEP, DOT)
                 amax = tl.maximum(amax, matrix_amax(Sn))
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
+            if PF > 0:
+                _prefetch_chunk(c_data, ring_v, rbase, h, mat, v0 + (c + PF) * FB, valid, HV, K,
+                                V, FB, RP, C_FMT)
             offs_v = v0 + c * FB + tl.arange(0, FB)
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v,
                              n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING,
@@ -751,7 +777,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                 RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr,
                 F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
                 COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
-                SCRATCH: tl.constexpr, FAST: tl.constexpr):
+                SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0):
     """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
     hk = h // (HV // HK)
     mat = slot.to(tl.int64) * HV + h
@@ -760,7 +786,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
         _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                     ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
                     0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                    RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST)
+                    RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF)
     else:
         q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                 K, RING)
@@ -769,7 +795,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
                     out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                     beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                    RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST)
+                    RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
@@ -783,6 +809,7 @@ def _flush_kernel(
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
     COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
     UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
+    PF: tl.constexpr = 0,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -822,7 +849,7 @@ def _flush_kernel(
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk,
                         fresh, scr + (sl0.to(tl.int64) * (HV * NU) + u) * (BVF * K), seed,
                         bidx, sl0, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP, LOG2RP,
-                        C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST)
+                        C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST, PF)
     else:
         pid = tl.program_id(0)
         G = tl.num_programs(0)
@@ -864,7 +891,8 @@ def _flush_kernel(
             _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, c_s1,
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
                         scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
-                        LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST)
+                        LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST,
+                        PF)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
             u += G
@@ -1224,7 +1252,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=4,
                     verify_stages=1, eager=True, prep_num_warps=2,
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
-                    flush_pass="recompute", fast_encode=True, concurrent_flush=False)
+                    flush_pass="recompute", fast_encode=True, concurrent_flush=False,
+                    flush_prefetch=0)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
     return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128,
                 tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=0,
@@ -1233,7 +1262,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 out_stages=1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
                 flush_licm=not whole, flush_grid="persistent",
-                flush_pass="scratch", fast_encode=True, concurrent_flush=True)
+                flush_pass="scratch", fast_encode=True, concurrent_flush=True, flush_prefetch=0)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1348,6 +1377,8 @@ class GDNReplayCache:
     * ``concurrent_flush``: the staged step's flush launch on a second CUDA stream,
       forked and joined around the prep and output launches (default on a GPU; the
       launches touch disjoint rows).
+    * ``flush_prefetch``: L2 prefetch in the flush (compiled code only), chunks ahead
+      of the one being folded (0: none).
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.
@@ -1376,6 +1407,7 @@ class GDNReplayCache:
         verify_launch: str | None = None, flush_licm: bool | None = None, keep_fresh: bool = False,
         flush_grid: str | None = None, flush_pass: str | None = None,
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
+        flush_prefetch: int | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1406,7 +1438,7 @@ class GDNReplayCache:
                      prep_num_warps=prep_num_warps, verify_launch=verify_launch,
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
-                     verify_block_v=verify_block_v,
+                     flush_prefetch=flush_prefetch, verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
             cfg["out_tiles_per_program"] = 1
@@ -1427,6 +1459,9 @@ class GDNReplayCache:
         self.flush_grid, self.flush_pass = cfg["flush_grid"], cfg["flush_pass"]
         self.fast_encode = bool(cfg["fast_encode"])
         self.concurrent_flush = bool(cfg["concurrent_flush"])
+        self.flush_prefetch = int(cfg["flush_prefetch"])
+        if self.flush_prefetch < 0:
+            raise ValueError(f"flush_prefetch must be >= 0, got {self.flush_prefetch}")
         self._side: torch.cuda.Stream | None = None
         if self.flush_grid not in FLUSH_GRIDS:
             raise ValueError(f"flush_grid must be one of {FLUSH_GRIDS}, got {self.flush_grid!r}")
@@ -1670,7 +1705,7 @@ class GDNReplayCache:
             self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
             self.ring_id, self.fresh is not None, commit, self.dot, not self.flush_licm,
             self.flush_grid == "units", scr is not None, self.fast_encode,
-            num_warps=self.num_warps,
+            self.flush_prefetch if prefetch_on(q.device) else 0, num_warps=self.num_warps,
             maxnreg=self.maxnreg,
         )
 

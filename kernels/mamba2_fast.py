@@ -63,7 +63,6 @@ from .tl_common import (
 )
 from .tl_formats import (
     K_FP8,
-    K_FP32,
     K_MXFP4,
     K_NVFP4,
     decode_tile,
@@ -72,7 +71,7 @@ from .tl_formats import (
     tile_offsets,
 )
 from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
-from .tl_prefetch import l2_prefetch_bytes, l2_prefetch_lines
+from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
 
 
 @triton.jit
@@ -120,18 +119,8 @@ def _prefetch_chunk(ck_c, rx_h, x_h, z_h, mat, row, P, HP, offs_r, c, CK_FMT: tl
     """L2 prefetch of what the flush chunk of rows ``[row, row + FB)`` of matrix ``mat``
     will load: its checkpoint rows (one bulk prefetch; rows past ``P`` are left out),
     its ring entries ``[0, c)`` of x, this step's x and gate rows."""
-    if (CK_FMT == K_NVFP4) or (CK_FMT == K_MXFP4):
-        ROWB: tl.constexpr = N // 2
-    elif CK_FMT == K_FP8:
-        ROWB: tl.constexpr = N
-    elif CK_FMT == K_FP32:
-        ROWB: tl.constexpr = 4 * N
-    else:
-        ROWB: tl.constexpr = 2 * N
+    l2_prefetch_rows(ck_c, mat, row, P, FB, CK_FMT, N)
     row = tl.minimum(row, P - 1)
-    nrows = tl.minimum(P - row, FB)
-    l2_prefetch_bytes(ck_c.to(tl.pointer_type(tl.uint8)) + (mat * P + row) * ROWB,
-                      nrows * ROWB)
     u8: tl.constexpr = tl.pointer_type(tl.uint8)
     l2_prefetch_lines(tl.where(offs_r < c, (rx_h + offs_r * HP + row).to(u8),
                                (x_h + row + offs_r * 0).to(u8)))
@@ -144,15 +133,15 @@ def _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, ro
                   seed_ck, seed_rd, t, amax, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
                   FB: tl.constexpr, N: tl.constexpr, HW_CVT: tl.constexpr,
                   FAST_ENC: tl.constexpr, ONE_PASS: tl.constexpr, W_CK: tl.constexpr,
-                  W_RD: tl.constexpr, W_FRESH: tl.constexpr):
+                  W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False):
     """Store fresh rows: the checkpoint (``W_CK``), the read copy (``W_RD``), the fp32
-    state (``W_FRESH``)."""
+    state (``W_FRESH``); ``EVICT``: the copies' stores evict first from L2."""
     if W_CK:
         store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
-                   HW_CVT, FAST_ENC, ONE_PASS)
+                   HW_CVT, FAST_ENC, ONE_PASS, EVICT)
     if W_RD:
         store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB, N,
-                   HW_CVT, FAST_ENC, ONE_PASS)
+                   HW_CVT, FAST_ENC, ONE_PASS, EVICT)
     if W_FRESH:
         tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
 
@@ -266,7 +255,7 @@ def m2_flush_kernel(
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
-    PF: tl.constexpr = 0,
+    PF: tl.constexpr = 0, EV: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -368,7 +357,7 @@ def m2_flush_kernel(
                            HAS_Z)
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
-                              FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH)
+                              FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH, EV)
         u += nprog
 
 
@@ -491,15 +480,7 @@ def _prefetch_out(rd_c, rd_s1, ring_x, mat, h, slot, c, P, HP, LR, offs_r, RD_FM
     (slot ``slot``, ring position ``c``) will load: the heads' stored rows (one bulk
     prefetch), their scales and their ring rows of x before ``c``."""
     u8: tl.constexpr = tl.pointer_type(tl.uint8)
-    if (RD_FMT == K_NVFP4) or (RD_FMT == K_MXFP4):
-        ROWB: tl.constexpr = N // 2
-    elif RD_FMT == K_FP8:
-        ROWB: tl.constexpr = N
-    elif RD_FMT == K_FP32:
-        ROWB: tl.constexpr = 4 * N
-    else:
-        ROWB: tl.constexpr = 2 * N
-    l2_prefetch_bytes(rd_c.to(u8) + mat * P * ROWB, HPP * P * ROWB)
+    l2_prefetch_rows(rd_c, mat // HPP, 0, HPP * P, HPP * P, RD_FMT, N)  # HPP heads at once
     lines = tl.arange(0, 8) * 128
     if RD_FMT == K_FP8:
         SB: tl.constexpr = 4
@@ -523,11 +504,12 @@ def _prefetch_out(rd_c, rd_s1, ring_x, mat, h, slot, c, P, HP, LR, offs_r, RD_FM
 @triton.jit
 def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
                 C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
-                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
+                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr,
+                EVICT: tl.constexpr = False):
     """Output rows ``rows`` (``BT`` of them) of head ``h`` (:func:`m2_out_heads_kernel`):
     the packed-domain row dot, the ring's x rows, the gate; appends x at entry ``c``."""
     m = rows < P
-    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N)
+    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N, EVICT)
     rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                    mr[:, None] & m[None, :], RING)
     xf = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
@@ -551,7 +533,7 @@ def m2_out_heads_kernel(
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
-    PFO: tl.constexpr = 0,
+    PFO: tl.constexpr = 0, EV: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -633,11 +615,11 @@ def m2_out_heads_kernel(
             for q in tl.static_range(NPB):
                 _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat0 + h,
                             h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,
-                            wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
+                            wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, EV)
             if TAIL > 0:
                 _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2, mat0 + h,
                             h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,
-                            wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z)
+                            wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, EV)
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

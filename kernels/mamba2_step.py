@@ -29,6 +29,7 @@ from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, format_id
+from .tl_prefetch import prefetch_on
 
 _RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
@@ -102,7 +103,17 @@ class SplitConfig:
     slower), ``tail_tile``
     ("heads" output: a power-of-two remainder of headdim as a smaller tile of its own
     instead of a masked full one; None = for 4-bit copies only: on an H200, nano-4b's 80
-    rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step).
+    rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step),
+    ``flush_prefetch`` (compiled code only: L2 prefetch of the flush chunk that many
+    chunks ahead, the program's next unit included; None = 1 for 1-warp flushes, else
+    0; Nsight Compute put 40% of the fp8 flush's stall samples on the chunk loads:
+    on an H200, nano-4b / super-120b, the fp8 flush took 812 / 885 us with it and one
+    pipeline stage against 875 / 954 without, two chunks ahead lost and the nvfp4
+    flush got slower), ``out_prefetch`` (compiled code only: each "heads" output
+    program prefetches into L2 what the program that many launches later will load;
+    None = 1536 for 1-byte, 2816 for 4-bit copies, 0 otherwise; nvfp4 output step 130
+    -> 126 us, fp8 109.6 -> 108.1), ``evict_first`` (the read copy's loads in the
+    "heads" output and the flush's stores of the copies evict first from L2).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -125,6 +136,7 @@ class SplitConfig:
     tail_tile: bool | None = None
     flush_prefetch: int | None = None
     out_prefetch: int | None = None
+    evict_first: bool = False
 
 
 _SMS: dict[str, int] = {}
@@ -530,15 +542,19 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),
-                   flush_stages=cfg.flush_stages or (1 if need_amax else 2 if fw < 4 else 3),
+                   flush_stages=cfg.flush_stages or (1 if need_amax or fw == 1 else
+                                                     2 if fw < 4 else 3),
                    flush_warps=fw,
                    flush_ctas_per_sm=cfg.flush_ctas_per_sm or (4 if fw == 4 else 8 // fw),
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
                    ((96 if _BYTES_BY_ID[rd_id] < 1 else 80) if kind == "heads" and narrow
                     and hpp == 1 else None),
                    flush_maxnreg=fmax,
-                   flush_prefetch=cfg.flush_prefetch if cfg.flush_prefetch is not None else 0,
-                   out_prefetch=cfg.out_prefetch if cfg.out_prefetch is not None else 0)
+                   flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
+                                   else int(fw == 1 and not need_amax)),
+                   out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
+                                 (2816 if _BYTES_BY_ID[rd_id] < 1 else 1536)
+                                 if kind == "heads" and narrow else 0))
 
 
 def launch_split_step(
@@ -609,7 +625,8 @@ def launch_split_step(
         HW_CVT=_hw_cvt(x.device),
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
         scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
-        PF=min(cfg.flush_prefetch, nq) if _hw_cvt(x.device) else 0,
+        PF=min(cfg.flush_prefetch, nq) if prefetch_on(x.device) else 0,
+        EV=cfg.evict_first,
         num_warps=cfg.flush_warps, **flags, **extra,
     )
     if weights:
@@ -634,7 +651,8 @@ def launch_split_step(
             tail = 0
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
-            PFO=cfg.out_prefetch if _hw_cvt(x.device) else 0, **common)
+            PFO=cfg.out_prefetch if prefetch_on(x.device) else 0,
+            EV=cfg.evict_first, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -542,18 +542,38 @@ def tile_offsets(offs_p, W: tl.constexpr):
 
 
 @triton.jit
+def _load_ev(ptrs, mask, other, EVICT: tl.constexpr):
+    """``tl.load``, evicting first from L2 where ``EVICT``."""
+    if EVICT:
+        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
+    else:
+        v = tl.load(ptrs, mask=mask, other=other)
+    return v
+
+
+@triton.jit
+def _store_ev(ptrs, value, mask, EVICT: tl.constexpr):
+    """``tl.store``, evicting first from L2 where ``EVICT``."""
+    if EVICT:
+        tl.store(ptrs, value, mask=mask, eviction_policy="evict_first")
+    else:
+        tl.store(ptrs, value, mask=mask)
+
+
+@triton.jit
 def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
-               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
+               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+               EVICT: tl.constexpr = False):
     """Load the stored pieces of rows ``offs_p`` of state matrix ``mat`` (int64 scalar).
 
-    Addresses are a scalar int64 base per matrix plus int32 tile offsets."""
+    Addresses are a scalar int64 base per matrix plus int32 tile offsets; ``EVICT``: the
+    code loads evict first from L2 (data read once)."""
     s1 = 0.0
     s2 = 0.0
     rows = mat * P  # first global row of the matrix, int64 scalar
     m2 = mask_p[:, None]
     if (FMT == K_NVFP4) or (FMT == K_MXFP4):
-        codes = tl.load(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), mask=m2,
-                        other=0)
+        codes = _load_ev(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), m2, 0, EVICT)
         if FMT == K_NVFP4:
             s1 = tl.load(s1_ptr + rows * (N // 16) + tile_offsets(offs_p, N // 16), mask=m2,
                          other=0)
@@ -562,7 +582,7 @@ def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
             s1 = tl.load(s1_ptr + rows * (N // 32) + tile_offsets(offs_p, N // 32), mask=m2,
                          other=0)
     else:
-        codes = tl.load(codes_ptr + rows * N + tile_offsets(offs_p, N), mask=m2, other=0)
+        codes = _load_ev(codes_ptr + rows * N + tile_offsets(offs_p, N), m2, 0, EVICT)
         if FMT == K_FP8:
             s1 = tl.load(s1_ptr + rows + offs_p, mask=mask_p, other=0.0)
     return codes, s1, s2
@@ -570,21 +590,23 @@ def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
 
 @triton.jit
 def store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
-                FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
-    """Store the pieces :func:`encode_tile` returned (rows ``offs_p`` of matrix ``mat``)."""
+                FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+                EVICT: tl.constexpr = False):
+    """Store the pieces :func:`encode_tile` returned (rows ``offs_p`` of matrix ``mat``;
+    ``EVICT``: the stores evict first from L2)."""
     rows = mat * P
     m2 = mask_p[:, None]
     if (FMT == K_NVFP4) or (FMT == K_MXFP4):
-        tl.store(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), codes, mask=m2)
+        _store_ev(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), codes, m2, EVICT)
         if FMT == K_NVFP4:
-            tl.store(s1_ptr + rows * (N // 16) + tile_offsets(offs_p, N // 16), s1, mask=m2)
+            _store_ev(s1_ptr + rows * (N // 16) + tile_offsets(offs_p, N // 16), s1, m2, EVICT)
             tl.store(s2_ptr + mat, s2)
         else:
-            tl.store(s1_ptr + rows * (N // 32) + tile_offsets(offs_p, N // 32), s1, mask=m2)
+            _store_ev(s1_ptr + rows * (N // 32) + tile_offsets(offs_p, N // 32), s1, m2, EVICT)
     else:
-        tl.store(codes_ptr + rows * N + tile_offsets(offs_p, N), codes, mask=m2)
+        _store_ev(codes_ptr + rows * N + tile_offsets(offs_p, N), codes, m2, EVICT)
         if FMT == K_FP8:
-            tl.store(s1_ptr + rows + offs_p, s1, mask=mask_p)
+            _store_ev(s1_ptr + rows + offs_p, s1, mask_p, EVICT)
 
 
 @triton.jit

@@ -7,8 +7,19 @@ is off in the Triton interpreter (which cannot run inline PTX)."""
 
 from __future__ import annotations
 
+import os
+
+import torch
 import triton
 import triton.language as tl
+
+from .tl_formats import K_FP8, K_FP32, K_MXFP4, K_NVFP4
+
+
+def prefetch_on(device: torch.device) -> bool:
+    """Whether launches on ``device`` may prefetch: compiled code on a GPU (the
+    interpreter cannot run inline PTX)."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 @triton.jit
@@ -30,3 +41,21 @@ def l2_prefetch_lines(ptrs):
     of the tensor ``ptrs`` (any alignment)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
                               dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def l2_prefetch_rows(codes_ptr, mat, row, P, rows, FMT: tl.constexpr, N: tl.constexpr):
+    """:func:`l2_prefetch_bytes` of the stored codes of rows ``[row, row + rows)`` of state
+    matrix ``mat`` (``P`` rows of ``N`` elements in format ``FMT``; rows past ``P`` are
+    left out, a ``row`` past it is taken as the last one).  Scales are not prefetched."""
+    if (FMT == K_NVFP4) or (FMT == K_MXFP4):
+        ROWB: tl.constexpr = N // 2
+    elif FMT == K_FP8:
+        ROWB: tl.constexpr = N
+    elif FMT == K_FP32:
+        ROWB: tl.constexpr = 4 * N
+    else:
+        ROWB: tl.constexpr = 2 * N
+    r = tl.minimum(row, P - 1)
+    l2_prefetch_bytes(codes_ptr.to(tl.pointer_type(tl.uint8)) + (mat * P + r) * ROWB,
+                      tl.minimum(P - r, rows) * ROWB)

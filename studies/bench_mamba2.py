@@ -78,19 +78,15 @@ CANDIDATES: dict[str, list] = {
     # (super-120b); fp8 109 / 111, 111 / 118
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_prefetch": 1536},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_prefetch": 3072},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_weights": "program"},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_prefetch": 0},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_prefetch": 768},
+        {**_H1, "num_warps": 2, "heads_per_program": 1, "stages": 1, "maxnreg": 80},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "evict_first": True},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_prefetch": 1536,
-         **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_prefetch": 2816,
-         **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_weights": "program",
-         **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "tail_tile": False,
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_prefetch": 0, **_NF},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_prefetch": 4096,
          **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
@@ -124,14 +120,16 @@ SMALL_CANDIDATES: dict[str, list] = {
 # 1033 with 2 (3 stages, 6 per SM), 915 / 979 with 1 (2 stages, 8 per SM); 1 warp with
 # 3 stages and 6 per SM 1027 / 1120, with 9 per SM (224 registers) 1372 / 1510; replay
 # fp32 785 / 900 -> 651 / 733 (2 warps) and 643 / 704 (1); a 4-stage 4-warp flush 1199
-_F1 = dict(flush_rows=16, flush_stages=2, flush_ctas_per_sm=8, flush_maxnreg=255,
-           flush_warps=1)
+_F1 = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=8, flush_maxnreg=255,
+           flush_warps=1, flush_prefetch=1)
 _F2 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168,
            flush_warps=2)
 # (4-warp flushes, the default before, lost by 21-28% and are no longer tried)
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
-    "replay-fp32": [_F1, {**_F1, "flush_prefetch": 1}, {**_F1, "flush_prefetch": 2}, _F2],
-    "split-fp32-fp8": [_F1, {**_F1, "flush_prefetch": 1}, {**_F1, "flush_prefetch": 2}, _F2],
+    "replay-fp32": [_F1, {**_F1, "flush_stages": 2}, {**_F1, "flush_prefetch": 0}, _F2],
+    "split-fp32-fp8": [_F1, {**_F1, "flush_stages": 2}, {**_F1, "flush_prefetch": 0},
+                       {**_F1, "evict_first": True},
+                       {**_F1, "evict_first": True, "flush_prefetch": 2}, _F2],
     # the fast nvfp4 encoder (the default; same bits) measured 2365 -> 2052 us per
     # flush on an H200 (nano-4b); one-pass 64 / 128-row chunks (a whole head, fewer
     # programs per SM) took 4670-5325 us and are no longer tried
@@ -141,12 +139,8 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
     # 2-warp nvfp4 flushes (8 / 6 per SM) took 2301 / 2002 us against 1602 (nano-4b)
     "split-fp16sr-nvfp4": [
         _NF,  # the scratch pass, the default since it measured 2059 -> 1615 us
-        {**_NF, "flush_prefetch": 1},
-        {**_NF, "flush_prefetch": 2},
-        {**_NF, "flush_pass": "recompute"},
         {**_NF, "flush_ctas_per_sm": 3, "flush_maxnreg": 168},
         {**_NF, "flush_stages": 2},
-        {**_NF, "flush_rows": 32, "flush_ctas_per_sm": 3, "flush_maxnreg": 0},
         {**_NF, "flush_ctas_per_sm": 5, "flush_maxnreg": 96},
     ],
 }

@@ -532,6 +532,34 @@ def test_concurrent_flush_equals_sequential_in_a_graph() -> None:
     assert torch.equal(res[False][2], res[True][2])
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="L2 prefetch is compiled code only")
+@pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
+def test_flush_prefetch_changes_no_bit(ck, rd) -> None:
+    """The staged flush's L2 prefetch (``flush_prefetch``: chunks ahead, including past
+    the unit's last chunk) writes the same outputs and copies as none."""
+    B, L = 4, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
+    idx = torch.arange(B, dtype=torch.int32, device=DEV)
+    res = []
+    for pf in (0, 1, 3):
+        cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ck, read=rd, device=DEV,
+                               seed=2, launch="staged", flush_chunk=16, flush_prefetch=pf)
+        cache.reset(state0(B))
+        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
+        res.append((outs, [t.clone() for t in cache.ckpt.tensors()],
+                    [t.clone() for t in (cache.read or cache.ckpt).tensors()]))
+    for outs, cks, rds in res[1:]:
+        for x, y in zip(outs, res[0][0], strict=True):
+            assert torch.equal(x, y)
+        for x, y in zip(cks + rds, res[0][1] + res[0][2], strict=True):
+            assert torch.equal(bits(x), bits(y))
+
+
+def test_flush_prefetch_rejects_negative() -> None:
+    with pytest.raises(ValueError, match="flush_prefetch must be"):
+        GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, flush_prefetch=-1)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
 def test_cuda_graph_replay_walks_the_window() -> None:
     kind, params, raws = setup(steps=1, batch=2, seed=4)
