@@ -90,8 +90,10 @@ _FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}
 _ONE_WARP = {"num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8}
 # alternatives tried at (first model, batch 256, first window).  Tile counts per program
 # assume 2 v-heads per k-head (qwen3.5).
-# L2 prefetch in the flush's chunk loop, one or two chunks ahead
-_PREFETCH = [{"flush_prefetch": 1}, {"flush_prefetch": 2}]
+# L2 prefetch in the flush's chunk loop (the default: one chunk ahead for fp32 and
+# 1-byte copies; eighth H200 run, qwen3.5-4b, flush us with none / one / two ahead:
+# fp32 805 / 784 / 790, fp8 1090 / 1055 / 1055, nvfp4 1256 / 1264 / 1266)
+_PREFETCH = [{"flush_prefetch": 0}, {"flush_prefetch": 2}]
 SWEEP = {
     "replay-fp32": _PREFETCH + _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS, _ONE_WARP],
     # prep launch (11.7 us of a ~95 us output step, 1.7 waves of 2-warp programs on an

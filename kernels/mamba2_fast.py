@@ -328,7 +328,7 @@ def m2_flush_kernel(
                            HAS_Z)
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
-                              FAST_ENC, False, not C4, SPLIT and not R4, WRITE_FRESH)
+                              FAST_ENC, False, not C4, SPLIT and not R4, WRITE_FRESH, EV)
                 tl.store(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N), Sn)
             tl.debug_barrier()  # the scratch rows are read back by other threads
             for q in tl.range(0, NQ, num_stages=NSF):  # the nvfp4 copies from the scratch
@@ -336,7 +336,7 @@ def m2_flush_kernel(
                 Sn = tl.load(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N))
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               rows < P, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N,
-                              HW_CVT, FAST_ENC, False, C4, R4, False)
+                              HW_CVT, FAST_ENC, False, C4, R4, False, EV)
             tl.debug_barrier()  # the next unit rewrites the scratch rows
         else:
             if NEED_AMAX and not ONE_PASS:  # nvfp4: the whole matrix's amax first
@@ -504,12 +504,11 @@ def _prefetch_out(rd_c, rd_s1, ring_x, mat, h, slot, c, P, HP, LR, offs_r, RD_FM
 @triton.jit
 def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
                 C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
-                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr,
-                EVICT: tl.constexpr = False):
+                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
     """Output rows ``rows`` (``BT`` of them) of head ``h`` (:func:`m2_out_heads_kernel`):
     the packed-domain row dot, the ring's x rows, the gate; appends x at entry ``c``."""
     m = rows < P
-    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N, EVICT)
+    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N)
     rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                    mr[:, None] & m[None, :], RING)
     xf = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
@@ -533,7 +532,7 @@ def m2_out_heads_kernel(
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
-    PFO: tl.constexpr = 0, EV: tl.constexpr = False,
+    PFO: tl.constexpr = 0,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -615,11 +614,11 @@ def m2_out_heads_kernel(
             for q in tl.static_range(NPB):
                 _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat0 + h,
                             h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,
-                            wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, EV)
+                            wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
             if TAIL > 0:
                 _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2, mat0 + h,
                             h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL,
-                            wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, EV)
+                            wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

@@ -105,15 +105,15 @@ class SplitConfig:
     instead of a masked full one; None = for 4-bit copies only: on an H200, nano-4b's 80
     rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step),
     ``flush_prefetch`` (compiled code only: L2 prefetch of the flush chunk that many
-    chunks ahead, the program's next unit included; None = 1 for 1-warp flushes, else
-    0; Nsight Compute put 40% of the fp8 flush's stall samples on the chunk loads:
-    on an H200, nano-4b / super-120b, the fp8 flush took 812 / 885 us with it and one
-    pipeline stage against 875 / 954 without, two chunks ahead lost and the nvfp4
-    flush got slower), ``out_prefetch`` (compiled code only: each "heads" output
-    program prefetches into L2 what the program that many launches later will load;
-    None = 1536 for 1-byte, 2816 for 4-bit copies, 0 otherwise; nvfp4 output step 130
-    -> 126 us, fp8 109.6 -> 108.1), ``evict_first`` (the read copy's loads in the
-    "heads" output and the flush's stores of the copies evict first from L2).
+    chunks ahead, the program's next unit included; default 0: with two pipeline
+    stages it cut the fp8 flush from 875 to 821 us on an H200 (nano-4b), but one stage
+    without it did as well: 815 against 808 us with it, and the replay fp32 flush 604
+    against 628), ``out_prefetch`` (compiled code only: each "heads" output program
+    prefetches into L2 what the program that many launches later will load; None =
+    1536 for 1-byte, 2816 for 4-bit copies, 0 otherwise; fp8 output step 111.2 -> 108.0
+    us, nvfp4 129.4 -> 126.4 on nano-4b), ``evict_first`` (the flush's stores of the
+    checkpoint and read copy evict first from L2, so that they do not push out the
+    chunks still to be read; None = on: fp8 flush 808 -> 783 us, nano-4b).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -136,7 +136,7 @@ class SplitConfig:
     tail_tile: bool | None = None
     flush_prefetch: int | None = None
     out_prefetch: int | None = None
-    evict_first: bool = False
+    evict_first: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -489,13 +489,15 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     through 1-warp "heads" programs of 32-row tiles, one head each, capped at 80 (fp8)
     / 96 (4-bit) registers so that 25 / 21 programs fit per SM instead of 16 (fp8
     output step 121 -> 111 us on nano-4b, 135 -> 117 on super-120b), their ring weights
-    from the weights launch (``out_weights``); flush chunks of 16 rows: 1-warp programs
-    (one warp per 2048 chunk elements, up to 4) in a 2-stage pipeline, 8 per SM at up
-    to 255 registers (H200, batch 256, against 4-warp programs: fp32 + fp8 flush 1108
-    -> 915 us on nano-4b, 1236 -> 979 on super-120b; replay fp32 785 -> 643 and 900 ->
-    704); nvfp4 flushes in 4-warp programs of one stage (their units fold once into a
-    scratch and encode from it), 4 per SM, capped at 128 registers (1- or 2-warp ones
-    took 1.2-1.4x as long)."""
+    from the weights launch (``out_weights``) and an L2 prefetch of a later program's
+    rows (``out_prefetch``); flush chunks of 16 rows: 1-warp programs (one warp per
+    2048 chunk elements, up to 4), 8 per SM at up to 255 registers, one pipeline stage
+    (two before the eighth H200 run) and evict-first stores (H200, batch 256, against
+    4-warp programs: fp32 + fp8 flush 1108 -> 915 us on nano-4b, 1236 -> 979 on
+    super-120b; replay fp32 785 -> 643 and 900 -> 704; then one stage: fp8 875 -> 815,
+    replay fp32 644 -> 604); nvfp4 flushes in 4-warp programs of one stage (their units
+    fold once into a scratch and encode from it), 4 per SM, capped at 128 registers (1-
+    or 2-warp ones took 1.2-1.4x as long)."""
     hpg = H // G
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
@@ -550,8 +552,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    ((96 if _BYTES_BY_ID[rd_id] < 1 else 80) if kind == "heads" and narrow
                     and hpp == 1 else None),
                    flush_maxnreg=fmax,
-                   flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
-                                   else int(fw == 1 and not need_amax)),
+                   flush_prefetch=cfg.flush_prefetch or 0,
+                   evict_first=cfg.evict_first if cfg.evict_first is not None else True,
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
                                  (2816 if _BYTES_BY_ID[rd_id] < 1 else 1536)
                                  if kind == "heads" and narrow else 0))
@@ -651,8 +653,7 @@ def launch_split_step(
             tail = 0
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
-            PFO=cfg.out_prefetch if prefetch_on(x.device) else 0,
-            EV=cfg.evict_first, **common)
+            PFO=cfg.out_prefetch if prefetch_on(x.device) else 0, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -542,16 +542,6 @@ def tile_offsets(offs_p, W: tl.constexpr):
 
 
 @triton.jit
-def _load_ev(ptrs, mask, other, EVICT: tl.constexpr):
-    """``tl.load``, evicting first from L2 where ``EVICT``."""
-    if EVICT:
-        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
-    else:
-        v = tl.load(ptrs, mask=mask, other=other)
-    return v
-
-
-@triton.jit
 def _store_ev(ptrs, value, mask, EVICT: tl.constexpr):
     """``tl.store``, evicting first from L2 where ``EVICT``."""
     if EVICT:
@@ -562,18 +552,17 @@ def _store_ev(ptrs, value, mask, EVICT: tl.constexpr):
 
 @triton.jit
 def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
-               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
-               EVICT: tl.constexpr = False):
+               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
     """Load the stored pieces of rows ``offs_p`` of state matrix ``mat`` (int64 scalar).
 
-    Addresses are a scalar int64 base per matrix plus int32 tile offsets; ``EVICT``: the
-    code loads evict first from L2 (data read once)."""
+    Addresses are a scalar int64 base per matrix plus int32 tile offsets."""
     s1 = 0.0
     s2 = 0.0
     rows = mat * P  # first global row of the matrix, int64 scalar
     m2 = mask_p[:, None]
     if (FMT == K_NVFP4) or (FMT == K_MXFP4):
-        codes = _load_ev(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), m2, 0, EVICT)
+        codes = tl.load(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), mask=m2,
+                        other=0)
         if FMT == K_NVFP4:
             s1 = tl.load(s1_ptr + rows * (N // 16) + tile_offsets(offs_p, N // 16), mask=m2,
                          other=0)
@@ -582,7 +571,7 @@ def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
             s1 = tl.load(s1_ptr + rows * (N // 32) + tile_offsets(offs_p, N // 32), mask=m2,
                          other=0)
     else:
-        codes = _load_ev(codes_ptr + rows * N + tile_offsets(offs_p, N), m2, 0, EVICT)
+        codes = tl.load(codes_ptr + rows * N + tile_offsets(offs_p, N), mask=m2, other=0)
         if FMT == K_FP8:
             s1 = tl.load(s1_ptr + rows + offs_p, mask=mask_p, other=0.0)
     return codes, s1, s2

@@ -76,18 +76,17 @@ CANDIDATES: dict[str, list] = {
     # heads, no cap or 16-row tiles lost by 5-40%).  H200, "launch" (its heads as one
     # tile) against "program": nvfp4 output 129 / 143 us (nano-4b), 119 / 137
     # (super-120b); fp8 109 / 111, 111 / 118
+    # out_prefetch (eighth H200 run, nano-4b): the fp8 output step 111.2 us without,
+    # 108.0 with 1536 programs ahead (the default), 110.1 with 768, 112.2 with 3072; the
+    # nvfp4 one 129.4 without, 126.4 with 2816 (the default), 129.4 with 4096.  Also
+    # lost there: fp8 programs of 2 warps (146.8) and evict-first code loads (120.7)
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_prefetch": 0},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_prefetch": 768},
-        {**_H1, "num_warps": 2, "heads_per_program": 1, "stages": 1, "maxnreg": 80},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "evict_first": True},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_prefetch": 0, **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_prefetch": 4096,
-         **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products
@@ -121,15 +120,20 @@ SMALL_CANDIDATES: dict[str, list] = {
 # 3 stages and 6 per SM 1027 / 1120, with 9 per SM (224 registers) 1372 / 1510; replay
 # fp32 785 / 900 -> 651 / 733 (2 warps) and 643 / 704 (1); a 4-stage 4-warp flush 1199
 _F1 = dict(flush_rows=16, flush_stages=1, flush_ctas_per_sm=8, flush_maxnreg=255,
-           flush_warps=1, flush_prefetch=1)
+           flush_warps=1)
 _F2 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168,
            flush_warps=2)
-# (4-warp flushes, the default before, lost by 21-28% and are no longer tried)
+# (4-warp flushes, the default before, lost by 21-28% and are no longer tried).  Eighth
+# H200 run (nano-4b / super-120b, flush us): fp8 with two stages 875 / 954, with an L2
+# prefetch one chunk ahead (flush_prefetch) 821 / 897, two ahead 893 / 973; one stage
+# 815 / 882, with the prefetch 808 / 880, with evict-first stores too 783 / 847; replay
+# fp32 644 / 700 with two stages, 604 / 654 with one, 628 / 687 with one and the
+# prefetch; _F2 881 / 981 (fp8)
+_F1_ALTS = [_F1, {**_F1, "evict_first": False}, {**_F1, "flush_prefetch": 1},
+            {**_F1, "flush_stages": 2, "flush_prefetch": 1}]
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
-    "replay-fp32": [_F1, {**_F1, "flush_stages": 2}, {**_F1, "flush_prefetch": 0}, _F2],
-    "split-fp32-fp8": [_F1, {**_F1, "flush_stages": 2}, {**_F1, "flush_prefetch": 0},
-                       {**_F1, "evict_first": True},
-                       {**_F1, "evict_first": True, "flush_prefetch": 2}, _F2],
+    "replay-fp32": _F1_ALTS,
+    "split-fp32-fp8": _F1_ALTS,
     # the fast nvfp4 encoder (the default; same bits) measured 2365 -> 2052 us per
     # flush on an H200 (nano-4b); one-pass 64 / 128-row chunks (a whole head, fewer
     # programs per SM) took 4670-5325 us and are no longer tried
@@ -139,6 +143,7 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
     # 2-warp nvfp4 flushes (8 / 6 per SM) took 2301 / 2002 us against 1602 (nano-4b)
     "split-fp16sr-nvfp4": [
         _NF,  # the scratch pass, the default since it measured 2059 -> 1615 us
+        {**_NF, "evict_first": False},
         {**_NF, "flush_ctas_per_sm": 3, "flush_maxnreg": 168},
         {**_NF, "flush_stages": 2},
         {**_NF, "flush_ctas_per_sm": 5, "flush_maxnreg": 96},
