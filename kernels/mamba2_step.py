@@ -105,15 +105,17 @@ class SplitConfig:
     instead of a masked full one; None = for 4-bit copies only: on an H200, nano-4b's 80
     rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step),
     ``flush_prefetch`` (compiled code only: L2 prefetch of the flush chunk that many
-    chunks ahead, the program's next unit included; default 0: with two pipeline
-    stages it cut the fp8 flush from 875 to 821 us on an H200 (nano-4b), but one stage
-    without it did as well: 815 against 808 us with it, and the replay fp32 flush 604
-    against 628), ``out_prefetch`` (compiled code only: each "heads" output program
+    chunks ahead, the program's next unit included; None = 1 for 1-warp flushes that
+    write a 1-byte copy, else 0: on an H200, nano-4b / super-120b, the fp8 flush took
+    778 / 843 us with it against 802 / 857 without (one stage, evict-first stores; with
+    two stages 821 against 875 on nano-4b), the replay fp32 flush 619 / 675 against
+    614 / 648), ``out_prefetch`` (compiled code only: each "heads" output program
     prefetches into L2 what the program that many launches later will load; None =
     1536 for 1-byte, 2816 for 4-bit copies, 0 otherwise; fp8 output step 111.2 -> 108.0
     us, nvfp4 129.4 -> 126.4 on nano-4b), ``evict_first`` (the flush's stores of the
     checkpoint and read copy evict first from L2, so that they do not push out the
-    chunks still to be read; None = on: fp8 flush 808 -> 783 us, nano-4b).
+    chunks still to be read; None = on: fp8 flush 815 -> 802 us on nano-4b, 866 -> 857
+    on super-120b, nvfp4 1574 -> 1557 on nano-4b).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -552,7 +554,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    ((96 if _BYTES_BY_ID[rd_id] < 1 else 80) if kind == "heads" and narrow
                     and hpp == 1 else None),
                    flush_maxnreg=fmax,
-                   flush_prefetch=cfg.flush_prefetch or 0,
+                   flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
+                                   else int(fw == 1 and narrow and not need_amax)),
                    evict_first=cfg.evict_first if cfg.evict_first is not None else True,
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
                                  (2816 if _BYTES_BY_ID[rd_id] < 1 else 1536)
