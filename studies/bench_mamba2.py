@@ -127,11 +127,11 @@ _F2 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168
 # H200 run (nano-4b / super-120b, flush us): fp8 with two stages 875 / 954, with an L2
 # prefetch one chunk ahead (flush_prefetch) 821 / 897, two ahead 893 / 973; one stage
 # 815 / 882, with the prefetch 808 / 880, with evict-first stores too 783 / 847; replay
-# fp32 644 / 700 with two stages, 604 / 654 with one, 628 / 687 with one and the
-# prefetch; _F2 881 / 981 (fp8).  Final run of the eighth session, one stage and
-# evict-first stores: fp8 802 / 857 without the prefetch, 778 / 843 with it (the
-# default for 1-byte copies), 815 / 866 with plain stores; replay fp32 614 / 648
-# without, 619 / 675 with it
+# fp32 644 / 700 with two stages, 628 / 687 with two and the prefetch, 604 / 654 with
+# one, 637 / 696 with one and the prefetch; _F2 881 / 981 (fp8).  The run's last
+# tuning, one stage and evict-first stores: fp8 802 / 857 without the prefetch, 778 /
+# 843 with it (the default for 1-byte copies), 815 / 866 with plain stores; replay fp32
+# 614 / 648 without, 619 / 675 with it
 _F1_ALTS = [_F1, {**_F1, "evict_first": False}, {**_F1, "flush_prefetch": 0},
             {**_F1, "flush_prefetch": 1}]
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
