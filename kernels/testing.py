@@ -29,3 +29,16 @@ def kernel_device() -> str:
         for name in loaded:
             importlib.reload(sys.modules[name])
     return "cpu"
+
+
+def assert_runs_same_bits(runs: list[list[torch.Tensor]]) -> None:
+    """Every run's tensors (outputs, stored copies, in the same order) equal the first
+    run's bit for bit (floats compared as their integer bits, so NaNs compare too)."""
+
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+    for run in runs[1:]:
+        assert len(run) == len(runs[0])
+        for a, b in zip(run, runs[0], strict=True):
+            assert torch.equal(bits(a), bits(b))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from precisionlab.kernels.testing import kernel_device
+from precisionlab.kernels.testing import assert_runs_same_bits, kernel_device
 
 DEVICE = kernel_device()  # before the kernel modules are imported
 for _m in ("gdn_extra", "gdn_decode", "gdn_backend"):  # compiled-mode leftovers
@@ -546,13 +546,8 @@ def test_flush_prefetch_changes_no_bit(ck, rd) -> None:
                                seed=2, launch="staged", flush_chunk=16, flush_prefetch=pf)
         cache.reset(state0(B))
         outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
-        res.append((outs, [t.clone() for t in cache.ckpt.tensors()],
-                    [t.clone() for t in (cache.read or cache.ckpt).tensors()]))
-    for outs, cks, rds in res[1:]:
-        for x, y in zip(outs, res[0][0], strict=True):
-            assert torch.equal(x, y)
-        for x, y in zip(cks + rds, res[0][1] + res[0][2], strict=True):
-            assert torch.equal(bits(x), bits(y))
+        res.append(outs + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
+    assert_runs_same_bits(res)
 
 
 def test_flush_prefetch_rejects_negative() -> None:

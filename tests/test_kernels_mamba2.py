@@ -7,7 +7,7 @@ Runs compiled on a GPU, else in the Triton interpreter on the CPU (small shapes)
 
 from __future__ import annotations
 
-from precisionlab.kernels.testing import kernel_device
+from precisionlab.kernels.testing import assert_runs_same_bits, kernel_device
 
 DEVICE = kernel_device()  # before the kernel modules are imported
 
@@ -588,27 +588,23 @@ def test_prefetch_changes_no_bit(ck, rd) -> None:
     ahead, into the program's next unit; ``out_prefetch``: the output program that many
     launches later) write the same outputs and copies as none: one persistent flush
     program per SM, so each takes several units and prefetches across them, 16-row
-    chunks of a 24-row head (the last one partly outside it)."""
+    chunks of a 24-row head (the last one partly outside it).  Evict-first stores
+    (``evict_first``) change no bit either."""
     batch, L = 48, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=5)
     head = HeadParams(params.A, params.D, params.dt_bias)
     res = []
-    for pf, po in ((0, 0), (1, 3), (2, 64)):
-        cfg = SplitConfig(flush_prefetch=pf, out_prefetch=po, flush_ctas_per_sm=1,
-                          out_kernel="heads")
+    for pf, po, ev in ((0, 0, False), (1, 3, True), (2, 64, True)):
+        cfg = SplitConfig(flush_prefetch=pf, out_prefetch=po, evict_first=ev,
+                          flush_ctas_per_sm=1, out_kernel="heads")
         cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
                                      window=L, device=DEV, seed=3, launch="split",
                                      split_config=cfg)
         cache.load_state(state0(batch))
         ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
                           dt_softplus=True).clone() for r in raws]
-        res.append((ys, [t.clone() for t in cache.ckpt.tensors()],
-                    [t.clone() for t in (cache.read or cache.ckpt).tensors()]))
-    for ys, cks, rds in res[1:]:
-        for a, b in zip(ys, res[0][0], strict=True):
-            assert torch.equal(a, b)
-        for a, b in zip(cks + rds, res[0][1] + res[0][2], strict=True):
-            assert torch.equal(bits(a), bits(b))
+        res.append(ys + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
+    assert_runs_same_bits(res)
 
 
 @pytest.mark.parametrize("field", ["flush_prefetch", "out_prefetch"])
