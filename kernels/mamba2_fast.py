@@ -24,7 +24,10 @@ then the encode pass from L2-hot data; an nvfp4 checkpoint is decoded with the
 matrix scale read before its first chunk is rewritten).  ``FAST_ENC``
 (``SplitConfig.flush_encoder="fast"``, the default) encodes nvfp4 with
 ``tl_mamba2_fast.nvfp4_encode_fast`` (same bits, fewer instructions) and, when a
-chunk holds the whole head (``flush_rows >= headdim``), folds it once.
+chunk holds the whole head (``flush_rows >= headdim``), folds it once.  ``PF``
+(``SplitConfig.flush_prefetch``, compiled code only): every chunk first asks the L2 for
+the chunk ``PF`` ahead (into the program's next unit); ``EV`` (``evict_first``): the
+copies' stores evict first from L2.
 
 **Output launch** (``SplitConfig.out_kernel``): rows that flush this step load
 nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
@@ -35,9 +38,10 @@ nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
   :func:`m2_weights_kernel` (a launch before it; ``SplitConfig.out_weights="launch"``)
   or computed by the program, then the head's ``NPB`` tiles unrolled: the
   packed-domain row dot ``S C`` (``tl_mamba2_fast.row_dot``), the ring's x rows, the
-  gate.  One-warp programs: the H200 sweeps showed the tile loop issue-bound, and
-  the per-row and per-entry vector work of a 4-warp program is repeated by every
-  warp.
+  gate; with ``PFO`` (``out_prefetch``) a program ends by asking the L2 for the rows
+  of the program ``PFO`` launches later.  One-warp programs: the H200 sweeps showed
+  the tile loop issue-bound, and the per-row and per-entry vector work of a 4-warp
+  program is repeated by every warp.
 * "tiles" (:func:`m2_out_kernel`): grid ``(H * NPB / TPP, batch)``, a pipelined loop
   over ``TPP`` tiles (per-head work per tile).
 * "group" (the default for fp32 / 16-bit copies): the one-launch kernel of
