@@ -2,8 +2,9 @@
 iterations later is asked for now, without registers or shared memory held and with
 nothing to wait for, so the load finds it in L2 instead of paying a DRAM round trip.
 
-A prefetch changes no value: kernels pass these helpers a ``PREFETCH`` constexpr that
-is off in the Triton interpreter (which cannot run inline PTX)."""
+A prefetch changes no value.  Kernels call these helpers only under a constexpr (the
+flushes' ``PF``, the Mamba-2 output programs' ``PFO``) that the host sets to 0 where
+:func:`prefetch_on` is false: the Triton interpreter cannot run inline PTX."""
 
 from __future__ import annotations
 
