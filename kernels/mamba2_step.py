@@ -139,6 +139,7 @@ class SplitConfig:
     flush_prefetch: int | None = None
     out_prefetch: int | None = None
     evict_first: bool | None = None
+    out_loads_first: bool = False
 
 
 _SMS: dict[str, int] = {}
@@ -514,6 +515,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     for name in ("flush_prefetch", "out_prefetch"):
         if (getattr(cfg, name) or 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.out_loads_first and -(-P // (cfg.block_p or 32)) > 4:
+        raise ValueError(f"out_loads_first takes at most 4 tiles per head, got headdim {P} "
+                         f"in {cfg.block_p or 32}-row tiles")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
     if kind == "group":
@@ -656,7 +660,8 @@ def launch_split_step(
             tail = 0
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
-            PFO=cfg.out_prefetch if prefetch_on(x.device) else 0, **common)
+            PFO=cfg.out_prefetch if prefetch_on(x.device) else 0,
+            LOADS_FIRST=cfg.out_loads_first, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

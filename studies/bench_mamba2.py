@@ -84,10 +84,14 @@ CANDIDATES: dict[str, list] = {
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_prefetch": 0},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_loads_first": True},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 128, "out_loads_first": True},
     ],
     "split-fp16sr-nvfp4": [
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_prefetch": 0, **_NF},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 128, "out_loads_first": True,
+         **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products

@@ -246,6 +246,14 @@ SPLIT_CONFIGS = {
                                                      out_weights="program")),
     "split-heads-weights-launch": ("split", SplitConfig(heads_per_program=1,
                                                         out_weights="launch")),
+    # output: every tile's loads before its first store (two masked 16-row tiles, or
+    # one tile and an 8-row tail tile)
+    "split-heads-loads-first": ("split", SplitConfig(heads_per_program=1, block_p=16,
+                                                     out_loads_first=True,
+                                                     tail_tile=False)),
+    "split-heads-loads-first-tail": ("split", SplitConfig(heads_per_program=1, block_p=16,
+                                                          out_loads_first=True,
+                                                          tail_tile=True)),
     # flush programs of four / two warps (the default: one; a chunk's row reductions
     # across warps)
     "split-flush-4warps": ("split", SplitConfig(flush_warps=4, flush_maxnreg=0)),
@@ -605,6 +613,17 @@ def test_prefetch_changes_no_bit(ck, rd) -> None:
                           dt_softplus=True).clone() for r in raws]
         res.append(ys + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
     assert_runs_same_bits(res)
+
+
+def test_loads_first_rejects_more_than_four_tiles() -> None:
+    """``out_loads_first`` unrolls at most four tiles per head: headdim 80 in 16-row tiles
+    is refused with a clear message."""
+    cache = Mamba2Cache.allocate(1, H, 80, N, G, window=2, device=DEV, launch="split",
+                                 split_config=SplitConfig(block_p=16, out_loads_first=True))
+    x = torch.zeros(1, H, 80, device=DEV)
+    with pytest.raises(ValueError, match="out_loads_first takes at most 4 tiles"):
+        mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
+                    torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
 
 
 @pytest.mark.parametrize("field", ["flush_prefetch", "out_prefetch"])
