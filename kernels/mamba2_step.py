@@ -115,7 +115,13 @@ class SplitConfig:
     us, nvfp4 129.4 -> 126.4 on nano-4b), ``evict_first`` (the flush's stores of the
     checkpoint and read copy evict first from L2, so that they do not push out the
     chunks still to be read; None = on: fp8 flush 815 -> 802 us on nano-4b, 866 -> 857
-    on super-120b, nvfp4 1574 -> 1557 on nano-4b).
+    on super-120b, nvfp4 1574 -> 1557 on nano-4b).  ``out_loads_first`` ("heads" output:
+    every tile's loads before the first store, up to 4 tiles per head; a tile's stores
+    otherwise keep the compiler from hoisting the next tile's loads; None = where they
+    fit the registers: 4-bit copies, capped at 128, and 1-byte ones of at most two
+    tiles, capped at 96; H200 output us: nvfp4 123.3 -> 118.1 on nano-4b, 112.8 ->
+    109.9 on super-120b, fp8 108.2 -> 104.2 on super-120b; nano-4b's three fp8 tiles
+    spill or, at 128 registers, lose: 114.8 against 107.5).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -139,7 +145,7 @@ class SplitConfig:
     flush_prefetch: int | None = None
     out_prefetch: int | None = None
     evict_first: bool | None = None
-    out_loads_first: bool = False
+    out_loads_first: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -515,9 +521,6 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     for name in ("flush_prefetch", "out_prefetch"):
         if (getattr(cfg, name) or 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
-    if cfg.out_loads_first and -(-P // (cfg.block_p or 32)) > 4:
-        raise ValueError(f"out_loads_first takes at most 4 tiles per head, got headdim {P} "
-                         f"in {cfg.block_p or 32}-row tiles")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
     if kind == "group":
@@ -536,6 +539,16 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     tpp = cfg.tiles_per_program or npb * hpp
     if (npb * hpg) % tpp:
         raise ValueError(f"tiles_per_program {tpp} must divide a group's {npb * hpg} tiles")
+    # "heads" programs of one head: every tile's loads before the first store where
+    # they fit the registers (4-bit copies; 1-byte ones of at most two tiles)
+    one_head = kind == "heads" and narrow and hpp == 1
+    four_bit = _BYTES_BY_ID[rd_id] < 1
+    loads_first = cfg.out_loads_first
+    if loads_first is None:
+        loads_first = one_head and (four_bit or npb <= 2)
+    if loads_first and npb > 4:
+        raise ValueError(f"out_loads_first takes at most 4 tiles per head, got headdim {P} "
+                         f"in {bp}-row tiles")
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
@@ -555,8 +568,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    flush_warps=fw,
                    flush_ctas_per_sm=cfg.flush_ctas_per_sm or (4 if fw == 4 else 8 // fw),
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
-                   ((96 if _BYTES_BY_ID[rd_id] < 1 else 80) if kind == "heads" and narrow
-                    and hpp == 1 else None),
+                   (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
+                    if one_head else None),
+                   out_loads_first=loads_first,
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
                                    else int(fw == 1 and narrow and not need_amax)),

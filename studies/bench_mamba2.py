@@ -81,16 +81,20 @@ CANDIDATES: dict[str, list] = {
     # nvfp4 one 129.4 without, 126.4 with 2816 (the default), 129.4 with 4096.  Also
     # lost there: fp8 programs of 2 warps (146.8) and evict-first code loads (120.7); a
     # 16-row tail tile for fp8 (tail_tile) measured 109.1 against 109.6 us, within noise
+    # out_loads_first (eighth run, output us, nano-4b / super-120b): every tile's loads
+    # before the first store.  fp8: 107.5 / 108.2 without; with 96 registers 173.3 (312
+    # bytes of spill) / 104.2; with 128 114.8 / 119.1.  nvfp4 (128 registers): 123.3 /
+    # 112.8 without, 118.1 / 109.9 with.  The default takes it where it fits (4-bit
+    # copies; 1-byte ones of at most two tiles) and sets the register cap to match
     "split-fp32-fp8": [
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80},  # "launch"
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_prefetch": 0},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_loads_first": True},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 128, "out_loads_first": True},
+        {**_H1, "heads_per_program": 1, "stages": 1},  # "launch", the default cap
+        {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_loads_first": False},
     ],
     "split-fp16sr-nvfp4": [
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, **_NF},  # "launch"
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_prefetch": 0, **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 128, "out_loads_first": True,
+        {**_H1, "heads_per_program": 1, "stages": 1, **_NF},  # "launch", the default cap
+        {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0, **_NF},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_loads_first": False,
          **_NF},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
