@@ -638,21 +638,13 @@ def m2_out_heads_kernel(
                 wbc = tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC  # entries < c
                 wc = dt * BCc  # this step's entry: exp(last - cum_c) = 1
                 eL = tl.exp(last)
-            if LOADS_FIRST:  # every tile's loads before the first store (up to 4 tiles)
+            if LOADS_FIRST:  # every tile's loads before the first store (<= 2 and a tail)
                 r0 = tl.arange(0, BLOCK_P)
                 a0 = _heads_load(r0, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr, rx_b,
                                  x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if NPB > 1:
                     r1 = BLOCK_P + tl.arange(0, BLOCK_P)
                     a1 = _heads_load(r1, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                     rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                if NPB > 2:
-                    r2 = 2 * BLOCK_P + tl.arange(0, BLOCK_P)
-                    a2 = _heads_load(r2, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                     rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                if NPB > 3:
-                    r3 = 3 * BLOCK_P + tl.arange(0, BLOCK_P)
-                    a3 = _heads_load(r3, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
                                      rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     rt = NPB * BLOCK_P + tl.arange(0, TAIL)
@@ -662,12 +654,6 @@ def m2_out_heads_kernel(
                               RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if NPB > 1:
                     _heads_finish(r1, a1, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                if NPB > 2:
-                    _heads_finish(r2, a2, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                if NPB > 3:
-                    _heads_finish(r3, a3, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
                                   D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     _heads_finish(rt, at, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,

@@ -116,12 +116,13 @@ class SplitConfig:
     checkpoint and read copy evict first from L2, so that they do not push out the
     chunks still to be read; None = on: fp8 flush 815 -> 802 us on nano-4b, 866 -> 857
     on super-120b, nvfp4 1574 -> 1557 on nano-4b).  ``out_loads_first`` ("heads" output:
-    every tile's loads before the first store, up to 4 tiles per head; a tile's stores
-    otherwise keep the compiler from hoisting the next tile's loads; None = where they
-    fit the registers: 4-bit copies, capped at 128, and 1-byte ones of at most two
-    tiles, capped at 96; H200 output us: nvfp4 123.3 -> 118.1 on nano-4b, 112.8 ->
-    109.9 on super-120b, fp8 108.2 -> 104.2 on super-120b; nano-4b's three fp8 tiles
-    spill or, at 128 registers, lose: 114.8 against 107.5).
+    every tile's loads before the first store, for up to 2 tiles per head and a tail
+    tile; a tile's stores otherwise keep the compiler from hoisting the next tile's
+    loads; None = where that fits the registers: at most 2 tiles and the tail, with
+    the cap at 128 for 4-bit copies and 96 for 1-byte ones; H200 output us: nvfp4
+    123.3 -> 118.1 on nano-4b, 112.8 -> 109.9 on super-120b, fp8 108.2 -> 104.2 on
+    super-120b; nano-4b's three fp8 tiles spill or, at 128 registers, lose: 114.8
+    against 107.5).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -489,6 +490,15 @@ def _hw_cvt(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
+def _tail_rows(tail_tile: bool | None, P: int, bp: int, rd_id: int) -> int:
+    """Rows of the "heads" output's tail tile (0: none): a power-of-two remainder of
+    headdim (at least 8) as a tile of its own (``SplitConfig.tail_tile``; None: for
+    4-bit copies)."""
+    tail = P % bp
+    use = tail_tile if tail_tile is not None else _BYTES_BY_ID[rd_id] < 1
+    return tail if use and tail >= 8 and tail & (tail - 1) == 0 else 0
+
+
 def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
                     need_amax: bool) -> SplitConfig:
     """Fill the None fields of a split launch configuration.  Defaults (the H200
@@ -543,12 +553,13 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # they fit the registers (4-bit copies; 1-byte ones of at most two tiles)
     one_head = kind == "heads" and narrow and hpp == 1
     four_bit = _BYTES_BY_ID[rd_id] < 1
+    full = P // bp if _tail_rows(cfg.tail_tile, P, bp, rd_id) else npb  # tiles but the tail
     loads_first = cfg.out_loads_first
     if loads_first is None:
-        loads_first = one_head and (four_bit or npb <= 2)
-    if loads_first and npb > 4:
-        raise ValueError(f"out_loads_first takes at most 4 tiles per head, got headdim {P} "
-                         f"in {bp}-row tiles")
+        loads_first = one_head and full <= 2
+    if loads_first and full > 2:
+        raise ValueError(f"out_loads_first takes at most 2 tiles per head besides a tail "
+                         f"tile, got headdim {P} in {bp}-row tiles")
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
@@ -666,12 +677,9 @@ def launch_split_step(
     common = dict(N=N, BLOCK_P=bp, NPB=npb, NS=cfg.stages, RB=RB, RD_FMT=rd.fmt_id,
                   RING=ring_id, num_warps=cfg.num_warps, **flags, **extra)
     if cfg.out_kernel == "heads":
-        tail = P % bp  # a power-of-two remainder gets a tile of its own size
-        use_tail = cfg.tail_tile if cfg.tail_tile is not None else _BYTES_BY_ID[rd.fmt_id] < 1
-        if use_tail and tail and tail & (tail - 1) == 0 and tail >= 8:
+        tail = _tail_rows(cfg.tail_tile, P, bp, rd.fmt_id)
+        if tail:
             common["NPB"] = P // bp
-        else:
-            tail = 0
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if prefetch_on(x.device) else 0,

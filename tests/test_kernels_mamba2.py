@@ -615,13 +615,13 @@ def test_prefetch_changes_no_bit(ck, rd) -> None:
     assert_runs_same_bits(res)
 
 
-def test_loads_first_rejects_more_than_four_tiles() -> None:
-    """``out_loads_first`` unrolls at most four tiles per head: headdim 80 in 16-row tiles
-    is refused with a clear message."""
+def test_loads_first_rejects_more_than_two_tiles() -> None:
+    """``out_loads_first`` unrolls at most two tiles per head besides a tail tile: headdim
+    80 in 16-row tiles is refused with a clear message."""
     cache = Mamba2Cache.allocate(1, H, 80, N, G, window=2, device=DEV, launch="split",
                                  split_config=SplitConfig(block_p=16, out_loads_first=True))
     x = torch.zeros(1, H, 80, device=DEV)
-    with pytest.raises(ValueError, match="out_loads_first takes at most 4 tiles"):
+    with pytest.raises(ValueError, match="out_loads_first takes at most 2 tiles"):
         mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
                     torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
 
