@@ -101,13 +101,14 @@ from .tl_formats import (
     K_FP32,
     K_NONE,
     K_NVFP4,
+    compiled_on,
     decode_tile,
     load_state,
     matrix_amax,
     store_state,
     store_state_with,
 )
-from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows, prefetch_on
+from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
 
 RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
@@ -1708,7 +1709,7 @@ class GDNReplayCache:
             self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
             self.ring_id, self.fresh is not None, commit, self.dot, not self.flush_licm,
             self.flush_grid == "units", scr is not None, self.fast_encode,
-            self.flush_prefetch if prefetch_on(q.device) else 0, num_warps=self.num_warps,
+            self.flush_prefetch if compiled_on(q.device) else 0, num_warps=self.num_warps,
             maxnreg=self.maxnreg,
         )
 

@@ -11,7 +11,6 @@ step counters live in device tensors that the kernels themselves advance.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -28,8 +27,7 @@ from .mamba2_fast import (
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
-from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, format_id
-from .tl_prefetch import prefetch_on
+from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
 
 _RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
@@ -462,7 +460,7 @@ def launch_replay(
         RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
         HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus,
         WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
-        ROW_SPLIT=bool(rpp), HW_CVT=_hw_cvt(x.device), num_warps=nw,
+        ROW_SPLIT=bool(rpp), HW_CVT=compiled_on(x.device), num_warps=nw,
     )
 
 
@@ -482,12 +480,6 @@ def _resident_flush_programs(cfg: SplitConfig, N: int, RB: int) -> int:
     if cfg.flush_maxnreg:
         fit = min(fit, 65536 // (cfg.flush_warps * 32 * cfg.flush_maxnreg))
     return max(1, min(cfg.flush_ctas_per_sm, fit))
-
-
-def _hw_cvt(device: torch.device) -> bool:
-    """Compiled code on a GPU: the hardware fp8 conversion (the interpreter's does not
-    round to nearest even)."""
-    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 def _tail_rows(tail_tile: bool | None, P: int, bp: int, rd_id: int) -> int:
@@ -587,7 +579,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                                    else int(fw == 1 and narrow and not need_amax)),
                    evict_first=cfg.evict_first if cfg.evict_first is not None else True,
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
-                                 (2816 if _BYTES_BY_ID[rd_id] < 1 else 1536)
+                                 (2816 if four_bit else 1536)
                                  if kind == "heads" and narrow else 0))
 
 
@@ -656,10 +648,10 @@ def launch_split_step(
         N=N, BP=max(16, triton.next_power_of_2(batch)), FB=fb, NQ=nq, UPH=uph, RB=RB,
         NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None,
         RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
-        HW_CVT=_hw_cvt(x.device),
+        HW_CVT=compiled_on(x.device),
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
         scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
-        PF=min(cfg.flush_prefetch, nq) if prefetch_on(x.device) else 0,
+        PF=min(cfg.flush_prefetch, nq) if compiled_on(x.device) else 0,
         EV=cfg.evict_first,
         num_warps=cfg.flush_warps, **flags, **extra,
     )
@@ -682,7 +674,7 @@ def launch_split_step(
             common["NPB"] = P // bp
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
-            PFO=cfg.out_prefetch if prefetch_on(x.device) else 0,
+            PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
             LOADS_FIRST=cfg.out_loads_first, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)

@@ -42,6 +42,13 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
     install()
 
+
+def compiled_on(device) -> bool:
+    """Whether launches on ``device`` (a ``torch.device``) run compiled on a GPU, not in
+    the Triton interpreter: the hardware-only paths (fp8 conversion by ``cvt``, which
+    the interpreter does not round to nearest even; inline-PTX L2 prefetch)."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
 FMT_NONE = -1
 FMT_FP32 = 0
 FMT_BF16 = 1

@@ -4,23 +4,14 @@ nothing to wait for, so the load finds it in L2 instead of paying a DRAM round t
 
 A prefetch changes no value.  Kernels call these helpers only under a constexpr (the
 flushes' ``PF``, the Mamba-2 output programs' ``PFO``) that the host sets to 0 where
-:func:`prefetch_on` is false: the Triton interpreter cannot run inline PTX."""
+``tl_formats.compiled_on`` is false: the Triton interpreter cannot run inline PTX."""
 
 from __future__ import annotations
 
-import os
-
-import torch
 import triton
 import triton.language as tl
 
 from .tl_formats import K_FP8, K_FP32, K_MXFP4, K_NVFP4
-
-
-def prefetch_on(device: torch.device) -> bool:
-    """Whether launches on ``device`` may prefetch: compiled code on a GPU (the
-    interpreter cannot run inline PTX)."""
-    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 @triton.jit
