@@ -49,6 +49,15 @@ def _split_config(pairs: list[str]):
     return SplitConfig(**fields)
 
 
+def _check_split(cfg, preset, ck: str, rd: str | None) -> None:
+    """Raise ValueError where the split step would refuse ``cfg`` at these shapes."""
+    from precisionlab.kernels.mamba2_step import _split_defaults
+    from precisionlab.kernels.tl_formats import format_id
+
+    _split_defaults(cfg, preset.head_dim, preset.state_dim, preset.heads, preset.groups,
+                    format_id(rd or ck), "nvfp4" in (ck, rd))
+
+
 def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device,
                  split_config):
     from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache, mamba2_step
@@ -102,15 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--model {model} is a {kind} model, not {args.kind}")
     if args.split and args.kind != "mamba2":
         ap.error("--split is for Mamba-2 designs")
+    ck, rd = DESIGNS[args.design]
     try:
         split_config = _split_config(args.split)
+        if args.kind == "mamba2":  # the values, checked as the step will check them
+            _check_split(split_config, get_preset(model), ck, rd)
     except (ValueError, TypeError) as e:
         ap.error(str(e))
     if not torch.cuda.is_available():
         print("profile_steps: needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    ck, rd = DESIGNS[args.design]
     if args.kind == "mamba2":
         step = _mamba2_step(model, args.batch, ck, rd, args.window, device, split_config)
     else:

@@ -28,6 +28,9 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("profile_steps.py", ["--split", "maxnreg"], "FIELD=VALUE"),
     ("profile_steps.py", ["--split", "no_such_field=1"], "SplitConfig field"),
     ("profile_steps.py", ["--kind", "gdn", "--split", "maxnreg=96"], "for Mamba-2"),
+    ("profile_steps.py", ["--split", "flush_prefetch=-1"], "flush_prefetch must be >= 0"),
+    ("profile_steps.py", ["--split", "out_loads_first=1", "block_p=16"],
+     "out_loads_first takes at most 2 tiles"),
 ])
 def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
     r = run(script, *args, tmp=tmp_path)
