@@ -37,15 +37,18 @@ MODELS = {"mamba2": "nemotron-3-nano-4b", "gdn": "qwen3.5-4b"}
 
 
 def _split_config(pairs: list[str]):
-    """``SplitConfig`` from ``field=value`` pairs (ints where they parse)."""
+    """``SplitConfig`` from ``field=value`` pairs (ints and true / false where they
+    parse)."""
     from precisionlab.kernels.mamba2_step import SplitConfig
 
     fields = {}
     for p in pairs:
         key, sep, val = p.partition("=")
         if not sep or key not in SplitConfig.__dataclass_fields__:
-            raise ValueError(f"--split wants FIELD=VALUE with a SplitConfig field, got {p!r}")
-        fields[key] = int(val) if val.lstrip("-").isdigit() else val
+            raise ValueError(f"want FIELD=VALUE with a SplitConfig field, got {p!r}")
+        flags = {"true": True, "false": False}
+        fields[key] = (int(val) if val.lstrip("-").isdigit() else
+                       flags.get(val.lower(), val))
     return SplitConfig(**fields)
 
 
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--split", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="Mamba-2 SplitConfig fields, e.g. out_dot=mma maxnreg=96")
+                    help="Mamba-2 SplitConfig fields, e.g. maxnreg=96 out_weights=program")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.window < 2:
         ap.error("--batch must be >= 1 and --window >= 2")

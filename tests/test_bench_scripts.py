@@ -31,6 +31,13 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("profile_steps.py", ["--split", "flush_prefetch=-1"], "flush_prefetch must be >= 0"),
     ("profile_steps.py", ["--split", "out_loads_first=1", "block_p=16"],
      "out_loads_first takes at most 2 tiles"),
+    ("time_split_configs.py", ["--config", "maxnreg"], "FIELD=VALUE"),
+    ("time_split_configs.py", ["--config", "", "--config", "no_such_field=1"],
+     "SplitConfig field"),
+    ("time_split_configs.py", ["--config", "flush_prefetch=-1"], "flush_prefetch must be >= 0"),
+    ("time_split_configs.py", ["--model", "qwen3.5-4b"], "is a gdn model"),
+    ("time_split_configs.py", ["--window", "1"], "--window >= 2"),
+    ("time_split_configs.py", ["--design", "fp64"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
     r = run(script, *args, tmp=tmp_path)
@@ -44,3 +51,24 @@ def test_bench_phases_without_gpu_exits_2(tmp_path: Path) -> None:
     out = tmp_path / "phases.json"
     r = run("bench_phases.py", "--out", str(out), tmp=tmp_path)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not out.exists()
+
+
+def test_time_split_configs_without_gpu_exits_2(tmp_path: Path) -> None:
+    if __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is present")
+    out = tmp_path / "configs.json"
+    r = run("time_split_configs.py", "--config", "", "--config", "maxnreg=96 tail_tile=true",
+            "--out", str(out), tmp=tmp_path)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not out.exists()
+
+
+def test_split_fields_parse_ints_and_flags() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from profile_steps import _split_config
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    cfg = _split_config(["maxnreg=96", "tail_tile=true", "evict_first=False",
+                         "out_weights=program"])
+    assert (cfg.maxnreg, cfg.tail_tile, cfg.evict_first, cfg.out_weights) == (
+        96, True, False, "program")

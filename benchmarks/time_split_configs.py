@@ -1,0 +1,105 @@
+"""Time Mamba-2 split launch configurations side by side: for each ``--config`` (a
+list of ``SplitConfig`` fields; empty = the defaults) one replay window of CUDA-graph
+steps with a cold L2, as ``bench_mamba2.py`` times them, reporting the mean output
+step, the flush and the window mean in microseconds.  The configurations run in one
+process, in the order given, so they share the device's state and clocks; give the
+defaults twice (first and last) to see the run's noise.
+
+    python benchmarks/time_split_configs.py --model nemotron-3-nano-4b \\
+        --design split-fp32-fp8 --config "" --config "maxnreg=96 out_weights=program" \\
+        --out configs.json
+
+Exit 2 with one line on bad arguments (every configuration is checked as the step
+checks it before any GPU work) or without a GPU; the JSON is written whole or not at
+all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, Path(__file__).resolve().parent):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from profile_steps import DESIGNS, _check_split, _split_config  # noqa: E402
+
+from precisionlab.atomic import write_json  # noqa: E402
+from precisionlab.presets import get_preset  # noqa: E402
+
+
+def time_configs(model: str, design: str, configs: list[dict], batch: int, window: int,
+                 rounds: int, log=print) -> list[dict]:
+    """Output-step mean, flush and window mean (us) of each split configuration."""
+    from precisionlab.studies.bench_mamba2 import _Problem, _Runner
+    from precisionlab.timing import ColdL2Timer
+
+    device = torch.device("cuda")
+    runner = _Runner(ColdL2Timer(device), rounds, log)
+    prob = _Problem(model, batch, device)
+    ck, rd = DESIGNS[design]
+    rows = []
+    for fields in configs:
+        times = runner.replay(prob, ck, rd, window, {"launch": "split", **fields})
+        row = {"config": fields, "us_output": round(float(np.mean(times[:-1])), 2),
+               "us_flush": round(float(times[-1]), 1),
+               "us_step": round(float(np.mean(times)), 2)}
+        log(f"{row['us_output']:9.2f} {row['us_flush']:9.1f} {row['us_step']:9.2f}  "
+            f"{fields or 'defaults'}")
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="nemotron-3-nano-4b", help="a Mamba-2 preset")
+    ap.add_argument("--design", choices=sorted(DESIGNS), default="split-fp32-fp8")
+    ap.add_argument("--config", action="append", default=None, metavar='"F=V ..."',
+                    help="SplitConfig fields (repeat for each configuration; \"\" = the "
+                    "defaults)")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2, help="timed passes of the window")
+    ap.add_argument("--out", default=None, help="JSON file of the results")
+    args = ap.parse_args(argv)
+    if args.batch < 1 or args.window < 2 or args.rounds < 1:
+        ap.error("--batch and --rounds must be >= 1 and --window >= 2")
+    try:
+        preset = get_preset(args.model)
+    except KeyError as e:
+        ap.error(str(e).strip("'\""))
+    if preset.kind != "mamba2":
+        ap.error(f"--model {args.model} is a {preset.kind} model, not mamba2")
+    ck, rd = DESIGNS[args.design]
+    configs = []
+    for text in args.config or [""]:
+        try:
+            cfg = _split_config(text.split())
+            _check_split(cfg, preset, ck, rd)
+        except (ValueError, TypeError) as e:
+            ap.error(f"--config {text!r}: {e}")
+        default = type(cfg)()
+        configs.append({k: v for k, v in vars(cfg).items() if v != getattr(default, k)})
+    if not torch.cuda.is_available():
+        print("time_split_configs: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    print(f"{'output us':>9} {'flush us':>9} {'step us':>9}  configuration "
+          f"({args.model}, {args.design}, batch {args.batch}, L = {args.window})")
+    rows = time_configs(args.model, args.design, configs, args.batch, args.window,
+                        args.rounds)
+    if args.out:
+        write_json(args.out, {"model": args.model, "design": args.design,
+                              "batch": args.batch, "window": args.window,
+                              "device": torch.cuda.get_device_name(),
+                              "torch": torch.__version__, "results": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
