@@ -74,7 +74,7 @@ from .tl_formats import (
     matrix_amax,
     tile_offsets,
 )
-from .tl_mamba2_fast import TWO63, c_pieces, fold_dot, row_dot, store_fast
+from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
 from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
 
 
@@ -525,13 +525,13 @@ def _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, 
 @triton.jit
 def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
                   RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-                  HAS_Z: tl.constexpr, MMA: tl.constexpr = False):
+                  HAS_Z: tl.constexpr):
     """Output rows ``rows`` of head ``h`` from what :func:`_heads_load` gave: the
     packed-domain row dot, the ring's x rows, the gate; appends x at entry ``c``."""
     codes, s1, s2, rx, xf, z = loaded
     m = rows < P
     xr = ring_round(xf, RING)
-    y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N, MMA)
+    y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
     y = y + tl.sum(wbc[:, None] * rx, axis=0) + wc * xr
     tl.store(out_b + h * P + rows, gate(y, xf, z, D_h, HAS_Z), mask=m)
     ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
@@ -540,14 +540,13 @@ def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, 
 @triton.jit
 def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
                 C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
-                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr,
-                MMA: tl.constexpr = False):
+                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
     """Output rows ``rows`` (``BT`` of them) of head ``h`` (:func:`m2_out_heads_kernel`):
     their loads, then :func:`_heads_finish`."""
     loaded = _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
                          RD_FMT, BT, N, RING, HAS_Z)
     _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
-                  RD_FMT, BT, N, RING, HAS_Z, MMA)
+                  RD_FMT, BT, N, RING, HAS_Z)
 
 
 @triton.jit
@@ -560,8 +559,7 @@ def m2_out_heads_kernel(
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
-    PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, AHEAD: tl.constexpr = 1,
-    MMA: tl.constexpr = False,
+    PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -571,11 +569,7 @@ def m2_out_heads_kernel(
     The step's own entry is a scalar coefficient on x, not a ring-tile select.
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
-    masked rows; ``SplitConfig.tail_tile``).  Tile loads: ``LOADS_FIRST``, all of a
-    head's before its first store; ``AHEAD`` > 1 (no tail tile), a pipeline that keeps
-    that many tiles' loads in flight (tile ``q + AHEAD`` is loaded after tile ``q``'s
-    stores); else each tile's loads follow the previous tile's stores (a load cannot be
-    hoisted above a store that may alias it)."""
+    masked rows; ``SplitConfig.tail_tile``)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -617,8 +611,6 @@ def m2_out_heads_kernel(
         C_t = tl.load(C_b + offs_n).to(tl.float32)
         Ce = tl.load(C_b + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
         Co = tl.load(C_b + 2 * tl.arange(0, N // 2) + 1).to(tl.float32) * TWO63
-        if MMA:  # the row dots on the tensor cores: C as float16 pieces
-            Ce, Co = c_pieces(C_t, N)
         mr = offs_r < c
         if not WEIGHTS:
             rB = ring_load(rB_g + offs_r[:, None] * (G * N) + offs_n[None, :], mr[:, None],
@@ -659,55 +651,22 @@ def m2_out_heads_kernel(
                     at = _heads_load(rt, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
                                      rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z)
                 _heads_finish(r0, a0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
-                              RD_FMT, BLOCK_P, N, RING, HAS_Z, MMA)
+                              RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if NPB > 1:
                     _heads_finish(r1, a1, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, MMA)
+                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     _heads_finish(rt, at, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, TAIL, N, RING, HAS_Z, MMA)
-            elif AHEAD > 1:  # a pipeline of AHEAD tiles' loads in flight (no tail tile)
-                a0 = _heads_load(tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat0 + h, h, P,
-                                 HP, offs_r, mr, rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING,
-                                 HAS_Z)
-                if NPB > 1:
-                    a1 = _heads_load(BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2,
-                                     mat0 + h, h, P, HP, offs_r, mr, rx_b, x_b, z_b, RD_FMT,
-                                     BLOCK_P, N, RING, HAS_Z)
-                if AHEAD > 2:
-                    if NPB > 2:
-                        a2 = _heads_load(2 * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1,
-                                         rd_s2, mat0 + h, h, P, HP, offs_r, mr, rx_b, x_b,
-                                         z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                for q in tl.static_range(NPB):
-                    _heads_finish(q * BLOCK_P + tl.arange(0, BLOCK_P), a0, h, P, HP, c, rx_b,
-                                  out_b, C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N,
-                                  RING, HAS_Z, MMA)
-                    if q + 1 < NPB:  # shift the window, load tile q + AHEAD
-                        a0 = a1
-                        if AHEAD == 2:
-                            if q + 2 < NPB:
-                                a1 = _heads_load((q + 2) * BLOCK_P + tl.arange(0, BLOCK_P),
-                                                 rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP,
-                                                 offs_r, mr, rx_b, x_b, z_b, RD_FMT,
-                                                 BLOCK_P, N, RING, HAS_Z)
-                        else:
-                            if q + 2 < NPB:
-                                a1 = a2
-                            if q + 3 < NPB:
-                                a2 = _heads_load((q + 3) * BLOCK_P + tl.arange(0, BLOCK_P),
-                                                 rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP,
-                                                 offs_r, mr, rx_b, x_b, z_b, RD_FMT,
-                                                 BLOCK_P, N, RING, HAS_Z)
+                                  D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             else:
                 for q in tl.static_range(NPB):
                     _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2,
                                 mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, MMA)
+                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2,
                                 mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, MMA)
+                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

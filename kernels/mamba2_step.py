@@ -27,7 +27,7 @@ from .mamba2_fast import (
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
-from .tl_formats import FMT_BF16_SR, FMT_FP8, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
+from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
 
 _RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
@@ -120,10 +120,7 @@ class SplitConfig:
     the cap at 128 for 4-bit copies and 96 for 1-byte ones; H200 output us: nvfp4
     123.3 -> 118.1 on nano-4b, 112.8 -> 109.9 on super-120b, fp8 108.2 -> 104.2 on
     super-120b; nano-4b's three fp8 tiles spill or, at 128 registers, lose: 114.8
-    against 107.5).  ``out_tiles_ahead`` ("heads" output without ``out_loads_first``
-    and without a tail tile: 2 or 3 keeps that many tiles' loads of a head in flight, a
-    tile's loads issued after the stores of the tile that many before; 1 or None: each
-    tile's loads after the previous tile's stores).
+    against 107.5).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -148,8 +145,6 @@ class SplitConfig:
     out_prefetch: int | None = None
     evict_first: bool | None = None
     out_loads_first: bool | None = None
-    out_tiles_ahead: int | None = None
-    out_dot: str | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -550,26 +545,13 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # they fit the registers (4-bit copies; 1-byte ones of at most two tiles)
     one_head = kind == "heads" and narrow and hpp == 1
     four_bit = _BYTES_BY_ID[rd_id] < 1
-    ahead = cfg.out_tiles_ahead or 1
-    if ahead not in (1, 2, 3):
-        raise ValueError(f"out_tiles_ahead must be 1, 2 or 3, got {cfg.out_tiles_ahead}")
-    tail_tile = cfg.tail_tile if cfg.tail_tile is not None or ahead == 1 else False
-    full = P // bp if _tail_rows(tail_tile, P, bp, rd_id) else npb  # tiles but the tail
+    full = P // bp if _tail_rows(cfg.tail_tile, P, bp, rd_id) else npb  # tiles but the tail
     loads_first = cfg.out_loads_first
     if loads_first is None:
-        loads_first = one_head and full <= 2 and ahead == 1
+        loads_first = one_head and full <= 2
     if loads_first and full > 2:
         raise ValueError(f"out_loads_first takes at most 2 tiles per head besides a tail "
                          f"tile, got headdim {P} in {bp}-row tiles")
-    dot = cfg.out_dot or "fma"
-    if dot not in ("fma", "mma"):
-        raise ValueError(f"out_dot must be 'fma' or 'mma', got {cfg.out_dot!r}")
-    if dot == "mma" and (kind != "heads" or rd_id != FMT_FP8):
-        raise ValueError("out_dot 'mma' takes the 'heads' output kernel and an fp8-e4m3 read "
-                         "copy")
-    if ahead > 1 and (kind != "heads" or loads_first or full != npb):
-        raise ValueError("out_tiles_ahead > 1 takes the 'heads' output kernel without "
-                         "out_loads_first and without a tail tile")
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
@@ -580,7 +562,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     fmax = cfg.flush_maxnreg
     if fmax is None:
         fmax = 128 if need_amax or (fw == 4 and not wide) else (0 if fw == 4 else 255)
-    return replace(cfg, out_kernel=kind, block_p=bp, tail_tile=tail_tile,
+    return replace(cfg, out_kernel=kind, block_p=bp,
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),
@@ -591,7 +573,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),
-                   out_loads_first=loads_first, out_tiles_ahead=ahead, out_dot=dot,
+                   out_loads_first=loads_first,
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
                                    else int(fw == 1 and narrow and not need_amax)),
@@ -693,8 +675,7 @@ def launch_split_step(
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
-            LOADS_FIRST=cfg.out_loads_first, AHEAD=cfg.out_tiles_ahead,
-            MMA=cfg.out_dot == "mma", **common)
+            LOADS_FIRST=cfg.out_loads_first, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -58,40 +58,13 @@ row sum the other 2**63 (products stay normal for any realistic ``c``)."""
 
 
 @triton.jit
-def c_pieces(c, N: tl.constexpr):
-    """The ``(N, 8)`` float16 operand of the tensor-core row dot (:func:`row_dot` with
-    ``MMA``) and its unscale factor: ``c 2**s`` as the sum of three float16 pieces
-    (columns 0-2; zeros elsewhere), ``s`` putting ``max|c|`` in ``[2**13, 2**14)`` so
-    that no piece overflows; each element keeps 33 bits or an error below
-    ``2**-37 max|c|``."""
-    amax = tl.max(tl.abs(c), axis=0)
-    e = tl.minimum(tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 14), 254)
-    up = ((267 - e) << 23).to(tl.float32, bitcast=True)  # 2**s, s = 140 - e (e biased)
-    down = ((e - 13) << 23).to(tl.float32, bitcast=True)  # 2**-s
-    cs = c * up
-    h1 = cs.to(tl.float16)
-    r1 = cs - h1.to(tl.float32)
-    h2 = r1.to(tl.float16)
-    h3 = (r1 - h2.to(tl.float32)).to(tl.float16)
-    col = tl.arange(0, 8)[None, :]
-    pieces = tl.where(col == 0, h1[:, None], tl.where(col == 1, h2[:, None],
-                                                      tl.where(col == 2, h3[:, None], 0.0)))
-    return pieces.to(tl.float16), down
-
-
-@triton.jit
 def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.constexpr,
-            N: tl.constexpr, MMA: tl.constexpr = False):
+            N: tl.constexpr):
     """``(BLOCK_P,)`` row sums ``S c`` of a tile as ``tl_formats.load_codes`` loads it.
 
     ``c``: the (N,) float32 vector; ``c_even`` / ``c_odd``: its even / odd elements
-    times 2**63 (4-bit formats only; any float for the others).  ``MMA`` (fp8): on the
-    tensor cores, ``c_even`` / ``c_odd`` being :func:`c_pieces` of ``c``."""
-    if MMA:
-        a = codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        acc = tl.dot(a, c_even, out_dtype=tl.float32)
-        y = s1 * (tl.sum(acc, axis=1) * c_odd)
-    elif FMT == K_FP32:
+    times 2**63 (4-bit formats only; any float for the others)."""
+    if FMT == K_FP32:
         y = tl.sum(codes * c[None, :], axis=1)
     elif (FMT == K_BF16) or (FMT == K_BF16_SR):
         y = tl.sum(bf16_bits_to_f32(codes) * c[None, :], axis=1)

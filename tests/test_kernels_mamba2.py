@@ -254,11 +254,6 @@ SPLIT_CONFIGS = {
     "split-heads-loads-first-tail": ("split", SplitConfig(heads_per_program=1, block_p=16,
                                                           out_loads_first=True,
                                                           tail_tile=True)),
-    # output: a pipeline of two tiles' loads in flight (16-row tiles)
-    "split-heads-ahead": ("split", SplitConfig(heads_per_program=1, block_p=16,
-                                               out_tiles_ahead=2)),
-    # output: fp8 row dots on the tensor cores
-    "split-heads-mma": ("split", SplitConfig(heads_per_program=1, out_dot="mma")),
     # flush programs of four / two warps (the default: one; a chunk's row reductions
     # across warps)
     "split-flush-4warps": ("split", SplitConfig(flush_warps=4, flush_maxnreg=0)),
@@ -618,51 +613,6 @@ def test_prefetch_changes_no_bit(ck, rd) -> None:
                           dt_softplus=True).clone() for r in raws]
         res.append(ys + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
     assert_runs_same_bits(res)
-
-
-@pytest.mark.parametrize("rd", ["fp8-e4m3", "nvfp4"])
-def test_tiles_ahead_change_no_bit(rd) -> None:
-    """``out_tiles_ahead`` only reorders a head's tile loads: headdim 64 in four 16-row
-    tiles with one, two or three tiles' loads in flight gives the same outputs, ring and
-    copies bit for bit, over a window with a flush."""
-    batch, L, Pw = 3, 3, 64
-    g = torch.Generator().manual_seed(11)
-    head = HeadParams(-torch.rand(H, generator=g).to(DEV) - 0.5, torch.ones(H, device=DEV),
-                      torch.zeros(H, device=DEV))
-    steps = [dict(x=torch.randn(batch, H, Pw, generator=g).to(DEV),
-                  z=torch.randn(batch, H, Pw, generator=g).to(DEV),
-                  dt=torch.rand(batch, H, generator=g).to(DEV) * 0.1,
-                  B=torch.randn(batch, G, N, generator=g).to(DEV),
-                  C=torch.randn(batch, G, N, generator=g).to(DEV)) for _ in range(L + 1)]
-    S0 = torch.randn(batch, H, Pw, N, generator=g).to(DEV)
-    ck = "fp16-sr" if rd == "nvfp4" else "fp32"
-    res = []
-    for ahead in (1, 2, 3):
-        cfg = SplitConfig(heads_per_program=1, block_p=16, out_tiles_ahead=ahead,
-                          out_loads_first=False, tail_tile=False)
-        cache = Mamba2Cache.allocate(batch, H, Pw, N, G, checkpoint_format=ck, read_format=rd,
-                                     window=L, device=DEV, seed=3, launch="split",
-                                     split_config=cfg)
-        cache.load_state(S0)
-        ys = [mamba2_step(cache, s["x"], s["dt"], s["B"], s["C"], head, z=s["z"]).clone()
-              for s in steps]
-        res.append(ys + [cache.ring_x.clone()] + cache.ckpt.tensors() + cache.read.tensors())
-    assert_runs_same_bits(res)
-
-
-@pytest.mark.parametrize("cfg,msg", [
-    (SplitConfig(out_tiles_ahead=4), "out_tiles_ahead must be 1, 2 or 3"),
-    (SplitConfig(out_tiles_ahead=2, out_loads_first=True), "out_tiles_ahead > 1 takes"),
-    (SplitConfig(out_tiles_ahead=2, out_kernel="group"), "out_tiles_ahead > 1 takes"),
-    (SplitConfig(out_dot="tensor"), "out_dot must be"),
-])
-def test_output_pipeline_options_rejected(cfg, msg) -> None:
-    cache = Mamba2Cache.allocate(1, H, P, N, G, window=2, device=DEV, launch="split",
-                                 read_format="fp8-e4m3", split_config=cfg)
-    x = torch.zeros(1, H, P, device=DEV)
-    with pytest.raises(ValueError, match=msg):
-        mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
-                    torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
 
 
 def test_loads_first_rejects_more_than_two_tiles() -> None:
