@@ -55,8 +55,10 @@ carries the flush path's registers, so large batches use "split", or "staged" (t
 default there): the flush launch, a prep launch that reads and advances the clock
 (one program per sequence and k-head) and an output launch that skips flushing rows.
 On a GPU the staged flush launch runs on a second stream beside the other two
-(``concurrent_flush``): they touch disjoint rows, and the prep launch's increments
-leave ``clock // HK`` unchanged while the flush reads it.
+(``concurrent_flush``): they touch disjoint rows, and as either the flush or the prep
+launch may run first, the prep programs then only post that they have read their
+clocks, and a one-program launch after the flush on its stream advances the clocks
+once both launches have read them.
 
 **Verify** (T drafts from one read of the stored copy, kept packed in registers):
 draft j is an output step at ring position ``n + j``; drafts 0..j-1 join the
@@ -121,6 +123,23 @@ FLUSH_PASSES = ("recompute", "scratch")
 
 
 # ---------------------------------------------------------------- device helpers
+@triton.jit
+def _advance_clocks_kernel(posted, tickets, state_idx, B, STEP: tl.constexpr,
+                           BP: tl.constexpr):
+    """The concurrent staged step's clock advance, one program launched after the flush
+    launch on its stream (so every flush program has read its clocks): wait until the
+    prep launch's ``STEP * B`` programs have posted at ``posted`` that they read
+    theirs, take those posts back and advance every live row's clock by ``STEP``.  The
+    prep launch never waits, and no launch of the step reads a clock the step advanced,
+    whichever of the two streams runs first."""
+    while tl.atomic_add(posted, 0, sem="acquire") < STEP * B:
+        pass
+    tl.atomic_add(posted, -STEP * B, sem="relaxed")
+    offs = tl.arange(0, BP)
+    sl = tl.load(state_idx + offs, mask=offs < B, other=-1)
+    tl.atomic_add(tickets + tl.maximum(sl, 0), STEP, mask=sl >= 0, sem="relaxed")
+
+
 @triton.jit
 def _gates(a_ptr, b_ptr, A_log, dt_bias, h):
     """``(g, beta)`` of value head ``h`` (fp32 scalars)."""
@@ -621,7 +640,7 @@ def _prep_kernel(
     tickets, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
-    EAGER: tl.constexpr,
+    EAGER: tl.constexpr, posted=None, CONC: tl.constexpr = False,
 ):
     """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
@@ -631,7 +650,10 @@ def _prep_kernel(
     ``w_i k_i . q`` (``pco`` row: those two RP vectors, then ``e^G``, ``alpha``,
     ``beta``, ``k . q``).  Appends k, its products, g and beta at ring position n and
     writes ``pn[b]`` = n (-1 where the row flushes or has no slot: the output launch
-    skips it; a flushing row gets nothing but its clock tick).  No branches: every
+    skips it; a flushing row gets nothing but its clock tick).  CONC (the flush launch
+    on another stream, which may run later): instead of its tick a program posts at
+    ``posted`` that it has read the clock, and the flush stream advances the clocks
+    (:func:`_advance_clocks_kernel`).  No branches: every
     load but the masked ring reads (none with EAGER: the ring k and g tiles are read
     whole and masked in registers) is issued with the slot index, next to the clock."""
     hk = tl.program_id(0)
@@ -692,8 +714,11 @@ def _prep_kernel(
     tl.store(ring_g + pos * HV + hs, g, mask=mo)
     tl.store(ring_b + pos * HV + hs, beta, mask=mo)
     tl.store(pn + bidx, tl.where(ok, n, -1), mask=hk == 0)
-    tl.debug_barrier()  # every warp has read the clock: now advance it
-    tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")
+    tl.debug_barrier()  # every warp has read the clock: now advance it (or post so)
+    if CONC:
+        tl.atomic_add(posted, 1, sem="release")
+    else:
+        tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")
 
 
 @triton.jit
@@ -1477,6 +1502,9 @@ class GDNReplayCache:
                              f"{self.verify_launch!r}")
         self._vscratch = None
         self._fscratch = None
+        self._posted = torch.zeros(1, dtype=torch.int32, device=device)
+        """The concurrent staged step's count of prep programs that have read their clocks
+        (:func:`_advance_clocks_kernel`; zero between steps)."""
         self.compiled: dict = {}
         """The last compiled kernel of each launch (``n_regs``, ``n_spills``: tuning aid)."""
         self.BV, self.num_warps = cfg["block_v"], cfg["num_warps"]
@@ -1631,24 +1659,30 @@ class GDNReplayCache:
         """The staged step with the flush launch on a second stream, beside the prep and
         output launches (a fork and a join; CUDA-graph capturable).  They touch
         disjoint rows -- a flushing row's programs of the other two do nothing -- and
-        the flush reads each clock as ``tickets // HK``, which the prep launch's HK
-        increments per slot leave unchanged within the step."""
+        either may run first, so neither reads a clock the other advanced: the prep
+        programs only post that they have read theirs, and a one-program launch after the
+        flush on its stream advances the clocks once they all have
+        (:func:`_advance_clocks_kernel`)."""
         main = torch.cuda.current_stream(q.device)
         if self._side is None:
             self._side = torch.cuda.Stream(device=q.device)
         self._side.wait_stream(main)
+        # the prep launch first on the host: the clock advance must never wait for a
+        # prep launch that was not enqueued
+        self._staged(q, k, v, a, b, A_log, dt_bias, state_indices, out, concurrent=True)
         with torch.cuda.stream(self._side):
             self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices, out,
-                        commit=False)
-        self._staged(q, k, v, a, b, A_log, dt_bias, state_indices, out)
+                        commit=False, concurrent=True)
         main.wait_stream(self._side)
 
-    def _staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out) -> None:
+    def _staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out,
+                concurrent: bool = False) -> None:
         """The staged output step: the prep launch, then the output launch."""
-        self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices)
+        self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent)
         self._out_launch(v, state_indices, out)
 
-    def _prep_launch(self, q, k, a, b, A_log, dt_bias, state_indices) -> None:
+    def _prep_launch(self, q, k, a, b, A_log, dt_bias, state_indices,
+                     concurrent: bool = False) -> None:
         B = q.shape[0]
         if self._scratch[0].shape[0] < B:
             self._scratch = self._staged_scratch(B, q.device)
@@ -1657,7 +1691,7 @@ class GDNReplayCache:
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
             self.R, self.RP, self.CW, _pow2_at_least(self.HV // self.HK, 1), self.ring_id,
-            self.eager,
+            self.eager, posted=self._posted, CONC=concurrent,
             num_warps=self.prep_num_warps,
         )
 
@@ -1685,10 +1719,11 @@ class GDNReplayCache:
                                          device=self.ring_g.device)
         return self._fscratch
 
-    def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, commit: bool
-               ) -> None:
+    def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, commit: bool,
+               concurrent: bool = False) -> None:
         """The flush launch (returns at once where nothing flushes): persistent, or one
-        program per unit (``flush_grid="units"``)."""
+        program per unit (``flush_grid="units"``); ``concurrent``: beside the staged
+        step's prep launch, then the clock advance for it (:func:`_advance_clocks_kernel`)."""
         B = state_indices.shape[0]
         c, fargs, f_id = self._copies()
         NU = self.V // self.BV
@@ -1712,6 +1747,10 @@ class GDNReplayCache:
             self.flush_prefetch if compiled_on(q.device) else 0, num_warps=self.num_warps,
             maxnreg=self.maxnreg,
         )
+        if concurrent:  # after every flush program has read its clocks
+            self.compiled["advance"] = _advance_clocks_kernel[(1,)](
+                self._posted, self.counters.tickets, state_indices, B, self.HK,
+                _pow2_at_least(B, 256), num_warps=4)
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
         """Outputs of T drafts per sequence: q, k (B, T, HK, K), v (B, T, HV, V),

@@ -501,6 +501,42 @@ def test_gdn_bench_times_staggered_phases() -> None:
                      phases="random")
 
 
+@pytest.mark.parametrize("grid", ["persistent", "units"])
+def test_staged_flush_after_prep_equals_before(grid) -> None:
+    """On a GPU the staged step's flush launch runs on its own stream, so it may run
+    after the prep and output launches.  With the concurrent protocol (the prep programs
+    only post that they read their clocks; the flush launch advances them) a flush
+    launched last reads the same clocks and writes the same bits as the sequential step
+    (flush first, prep programs advancing the clocks), over two windows with rows at
+    different ring positions and a padding row; the clocks advance once per step."""
+    B, L = 4, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=6)
+    idx = torch.tensor([0, 3, -1, 1], dtype=torch.int32, device=DEV)
+    res = []
+    for flush_last in (False, True):
+        cache = _staggered_cache(B, L, launch="staged", concurrent_flush=False,
+                                 flush_grid=grid)
+        outs = []
+        for r in raws:
+            q, k, v, a, b = (t.contiguous() for t in args(r))
+            out = torch.zeros(B, HV, V, device=DEV)
+            if not flush_last:
+                cache._flush(q, k, v, a, b, params.A_log, params.dt_bias, idx, idx, out,
+                             commit=False)
+            cache._staged(q, k, v, a, b, params.A_log, params.dt_bias, idx, out,
+                          concurrent=flush_last)
+            if flush_last:
+                cache._flush(q, k, v, a, b, params.A_log, params.dt_bias, idx, idx, out,
+                             commit=False, concurrent=True)
+            outs.append(out)
+        res.append(outs + cache.ckpt.tensors() + cache.read.tensors()
+                   + [cache.counters.tickets.clone()])
+        assert not cache._posted.any()  # the posts were all taken back
+    assert_runs_same_bits(res)
+    advanced = res[1][-1] - _staggered_cache(B, L, launch="staged").counters.tickets
+    assert advanced.tolist() == [len(raws) * HK, len(raws) * HK, 0, len(raws) * HK]
+
+
 # ---------------------------------------------------------------- GPU only
 @pytest.mark.skipif(DEVICE != "cuda", reason="streams and CUDA graphs need a GPU")
 def test_concurrent_flush_equals_sequential_in_a_graph() -> None:
