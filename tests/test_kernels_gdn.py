@@ -505,7 +505,7 @@ def test_gdn_bench_times_staggered_phases() -> None:
 def test_staged_flush_after_prep_equals_before(grid) -> None:
     """On a GPU the staged step's flush launch runs on its own stream, so it may run
     after the prep and output launches.  With the concurrent protocol (the prep programs
-    only post that they read their clocks; the flush launch advances them) a flush
+    only post that they read their clocks; a launch behind the flush advances them) a flush
     launched last reads the same clocks and writes the same bits as the sequential step
     (flush first, prep programs advancing the clocks), over two windows with rows at
     different ring positions and a padding row; the clocks advance once per step."""
