@@ -36,20 +36,27 @@ DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3")
 MODELS = {"mamba2": "nemotron-3-nano-4b", "gdn": "qwen3.5-4b"}
 
 
-def _split_config(pairs: list[str]):
-    """``SplitConfig`` from ``field=value`` pairs (ints and true / false where they
-    parse)."""
+def _split_fields(pairs: list[str]) -> dict:
+    """``SplitConfig`` fields from ``field=value`` pairs (ints and true / false where
+    they parse)."""
     from precisionlab.kernels.mamba2_step import SplitConfig
 
     fields = {}
+    flags = {"true": True, "false": False}
     for p in pairs:
         key, sep, val = p.partition("=")
         if not sep or key not in SplitConfig.__dataclass_fields__:
             raise ValueError(f"want FIELD=VALUE with a SplitConfig field, got {p!r}")
-        flags = {"true": True, "false": False}
         fields[key] = (int(val) if val.lstrip("-").isdigit() else
                        flags.get(val.lower(), val))
-    return SplitConfig(**fields)
+    return fields
+
+
+def _split_config(pairs: list[str]):
+    """``SplitConfig`` from ``field=value`` pairs (:func:`_split_fields`)."""
+    from precisionlab.kernels.mamba2_step import SplitConfig
+
+    return SplitConfig(**_split_fields(pairs))
 
 
 def _check_split(cfg, preset, ck: str, rd: str | None) -> None:

@@ -28,9 +28,10 @@ for p in (ROOT, Path(__file__).resolve().parent):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from profile_steps import DESIGNS, _check_split, _split_config  # noqa: E402
+from profile_steps import DESIGNS, _check_split, _split_fields  # noqa: E402
 
 from precisionlab.atomic import write_json  # noqa: E402
+from precisionlab.kernels.mamba2_step import SplitConfig  # noqa: E402
 from precisionlab.presets import get_preset  # noqa: E402
 
 
@@ -80,12 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     configs = []
     for text in args.config or [""]:
         try:
-            cfg = _split_config(text.split())
-            _check_split(cfg, preset, ck, rd)
+            fields = _split_fields(text.split())
+            _check_split(SplitConfig(**fields), preset, ck, rd)
         except (ValueError, TypeError) as e:
             ap.error(f"--config {text!r}: {e}")
-        default = type(cfg)()
-        configs.append({k: v for k, v in vars(cfg).items() if v != getattr(default, k)})
+        configs.append(fields)
     if not torch.cuda.is_available():
         print("time_split_configs: needs a CUDA GPU", file=sys.stderr)
         return 2
