@@ -65,7 +65,7 @@ def _check_split(cfg, preset, ck: str, rd: str | None) -> None:
     from precisionlab.kernels.tl_formats import format_id
 
     _split_defaults(cfg, preset.head_dim, preset.state_dim, preset.heads, preset.groups,
-                    format_id(rd or ck), "nvfp4" in (ck, rd))
+                    format_id(rd or ck), "nvfp4" in (ck, rd), format_id(ck))
 
 
 def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device,

@@ -37,6 +37,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -110,6 +111,8 @@ def compile_call(fn: JITFunction, args: tuple, kwargs: dict, overrides: dict | N
         elif v is None:
             sig[p.name] = "constexpr"
             consts[p.name] = None
+        elif isinstance(v, TensorDescriptor):  # a host-side descriptor (TMA)
+            sig[p.name] = f"tensordesc<{_PTR[v.base.dtype][1:]}{list(v.block_shape)}>"
         else:
             raise TypeError(f"{p.name}: {type(v)}")
     src = ASTSource(fn, sig, consts, attrs)

@@ -27,7 +27,9 @@ matrix scale read before its first chunk is rewritten).  ``FAST_ENC``
 chunk holds the whole head (``flush_rows >= headdim``), folds it once.  ``PF``
 (``SplitConfig.flush_prefetch``, compiled code only): every chunk first asks the L2 for
 the chunk ``PF`` ahead (into the program's next unit); ``EV`` (``evict_first``): the
-copies' stores evict first from L2.
+copies' stores evict first from L2; ``TMA`` (``flush_tma``): a dense checkpoint's
+chunks are loaded through a tensor descriptor (on Hopper, bulk copies into shared
+memory that the chunk loop's pipeline issues ahead, holding no registers).
 
 **Output launch** (``SplitConfig.out_kernel``): rows that flush this step load
 nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
@@ -81,13 +83,21 @@ from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
 @triton.jit
 def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, decay, eB,
           x_cur, CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-          ZERO_PAD: tl.constexpr):
+          ZERO_PAD: tl.constexpr, ck_desc=None, row0=0, TMA: tl.constexpr = False):
     """Fresh fp32 state of rows ``rows``: ``decay S_c + sum_i (w_i x_i) B_i^T`` over ring
     entries ``[0, c)`` and this step's ``x_cur`` at entry ``c``.  An nvfp4 checkpoint is
     decoded with ``s2_old`` (its matrix scale before this flush).  ``ZERO_PAD`` (a
     matrix amax follows): rows past ``P`` are exactly zero; otherwise they are whatever
-    the masked loads give (zeros, unless B is not finite) and are never stored."""
-    codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
+    the masked loads give (zeros, unless B is not finite) and are never stored.  ``TMA``
+    (a dense checkpoint, headdim a multiple of FB): the checkpoint rows come through
+    the tensor descriptor ``ck_desc`` (rows of all matrices, ``(slots * H * P, N)``)
+    from row ``row0`` of the matrix."""
+    if TMA:
+        codes = ck_desc.load([(mat * P + row0).to(tl.int32), 0])
+        s1 = 0.0
+        s2 = 0.0
+    else:
+        codes, s1, s2 = load_codes(ck_c, ck_s1, ck_s2, mat, rows, m, P, CK_FMT, FB, N)
     if CK_FMT == K_NVFP4:
         s2 = s2_old
     S = decode_tile(codes, s1, s2, CK_FMT, FB, N)
@@ -106,14 +116,14 @@ def _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, d
 @triton.jit
 def _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h, HP, offs_r, c, w, decay, eB,
            CK_FMT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-           ZERO_PAD: tl.constexpr):
+           ZERO_PAD: tl.constexpr, ck_desc=None, TMA: tl.constexpr = False):
     """Chunk ``q`` of a flush unit starting at row ``r0``: its rows, their mask, this
     step's x and the fresh fp32 rows (:func:`_fold`)."""
     rows = r0 + q * FB + tl.arange(0, FB)
     m = rows < P
     x_c = tl.load(x_h + rows, mask=m, other=0.0).to(tl.float32)
     Sn = _fold(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c, w, decay, eB,
-               x_c, CK_FMT, FB, N, RING, ZERO_PAD)
+               x_c, CK_FMT, FB, N, RING, ZERO_PAD, ck_desc, r0 + q * FB, TMA)
     return rows, m, x_c, Sn
 
 
@@ -259,7 +269,7 @@ def m2_flush_kernel(
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr,
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
-    PF: tl.constexpr = 0, EV: tl.constexpr = False,
+    PF: tl.constexpr = 0, EV: tl.constexpr = False, ck_desc=None, TMA: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -326,7 +336,7 @@ def m2_flush_kernel(
                                     FB, NQ, N, PF, HAS_Z)
                 rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
                                           HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING,
-                                          NEED_AMAX)
+                                          NEED_AMAX, ck_desc, TMA)
                 amax = tl.maximum(amax, matrix_amax(Sn))
                 _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                            HAS_Z)
@@ -347,7 +357,7 @@ def m2_flush_kernel(
                 for q in range(NQ):
                     rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h,
                                               rx_h, HP, offs_r, c, w, decay, eB, CK_FMT, FB, N,
-                                              RING, NEED_AMAX)
+                                              RING, NEED_AMAX, ck_desc, TMA)
                     amax = tl.maximum(amax, matrix_amax(Sn))
             for q in tl.range(0, NQ, num_stages=NSF):
                 if PF > 0:
@@ -356,7 +366,7 @@ def m2_flush_kernel(
                                     FB, NQ, N, PF, HAS_Z)
                 rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
                                           HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING,
-                                          NEED_AMAX)
+                                          NEED_AMAX, ck_desc, TMA)
                 _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                            HAS_Z)
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .codec import as_int32
 from .mamba2_conv import mamba2_conv_kernel
@@ -27,12 +28,23 @@ from .mamba2_fast import (
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
-from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
+from .tl_formats import (
+    FMT_BF16,
+    FMT_BF16_SR,
+    FMT_FP16,
+    FMT_FP16_SR,
+    FMT_FP32,
+    FMT_NVFP4,
+    compiled_on,
+    format_id,
+)
 
 _RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
           "fp8-e4m3": 1.0, "nvfp4": 0.5, "mxfp4": 0.5}
 _BYTES_BY_ID = {format_id(name): b for name, b in _BYTES.items()}
+_DENSE_IDS = (FMT_FP32, FMT_BF16, FMT_FP16, FMT_BF16_SR, FMT_FP16_SR)
+"""Checkpoint formats stored as one plain (rows, N) array (no scales)."""
 _ARANGE: dict[tuple[int, str], torch.Tensor] = {}
 FLUSH_ROWS = 16
 """Rows per flush chunk (the M of the fold's tensor-core dot: at least 16)."""
@@ -120,7 +132,10 @@ class SplitConfig:
     the cap at 128 for 4-bit copies and 96 for 1-byte ones; H200 output us: nvfp4
     123.3 -> 118.1 on nano-4b, 112.8 -> 109.9 on super-120b, fp8 108.2 -> 104.2 on
     super-120b; nano-4b's three fp8 tiles spill or, at 128 registers, lose: 114.8
-    against 107.5).
+    against 107.5).  ``flush_tma`` (dense checkpoints, headdim a multiple of
+    ``flush_rows``): the flush loads the checkpoint's chunks through a tensor
+    descriptor (TMA bulk copies into shared memory on Hopper, issued ``flush_stages - 1``
+    chunks ahead by the chunk loop's pipeline); None = off.
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -145,6 +160,7 @@ class SplitConfig:
     out_prefetch: int | None = None
     evict_first: bool | None = None
     out_loads_first: bool | None = None
+    flush_tma: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -196,6 +212,8 @@ class Mamba2Cache:
     """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
+    ck_desc: tuple | None = None
+    """(key, tensor descriptor) of the checkpoint rows for ``SplitConfig.flush_tma``."""
 
     @classmethod
     def allocate(
@@ -492,7 +510,7 @@ def _tail_rows(tail_tile: bool | None, P: int, bp: int, rd_id: int) -> int:
 
 
 def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
-                    need_amax: bool) -> SplitConfig:
+                    need_amax: bool, ck_id: int = FMT_FP32) -> SplitConfig:
     """Fill the None fields of a split launch configuration.  Defaults (the H200
     sweeps at batch 256, L = 16, nemotron-3-nano-4b / -super-120b shapes): an fp32 or
     16-bit read copy streams through the "group" output kernel (4 warps, 4 heads per
@@ -552,6 +570,11 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if loads_first and full > 2:
         raise ValueError(f"out_loads_first takes at most 2 tiles per head besides a tail "
                          f"tile, got headdim {P} in {bp}-row tiles")
+    tma = bool(cfg.flush_tma)
+    if tma and (ck_id not in _DENSE_IDS or P % cfg.flush_rows):
+        raise ValueError(f"flush_tma needs a dense checkpoint (fp32 or 16-bit) and headdim "
+                         f"a multiple of flush_rows, got headdim {P}, flush_rows "
+                         f"{cfg.flush_rows}")
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
@@ -573,7 +596,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),
-                   out_loads_first=loads_first,
+                   out_loads_first=loads_first, flush_tma=tma,
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
                                    else int(fw == 1 and narrow and not need_amax)),
@@ -581,6 +604,17 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
                                  (2816 if four_bit else 1536)
                                  if kind == "heads" and narrow else 0))
+
+
+def _checkpoint_descriptor(cache: Mamba2Cache, rows: int) -> TensorDescriptor:
+    """Tensor descriptor of a dense checkpoint's rows, ``(slots * H * P, N)``, in
+    blocks of ``rows`` (``SplitConfig.flush_tma``); kept with the cache."""
+    codes = cache.ckpt.codes
+    key = (codes.data_ptr(), tuple(codes.shape), rows)
+    if cache.ck_desc is None or cache.ck_desc[0] != key:
+        flat = codes.view(-1, codes.shape[-1])
+        cache.ck_desc = (key, TensorDescriptor.from_tensor(flat, [rows, codes.shape[-1]]))
+    return cache.ck_desc[1]
 
 
 def launch_split_step(
@@ -611,7 +645,8 @@ def launch_split_step(
     rd = read if read is not None else ckpt
     ring_id = _RING_IDS[cache.ring_x.dtype]
     need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
-    cfg = _split_defaults(config or cache.split_config, P, N, H, G, rd.fmt_id, need_amax)
+    cfg = _split_defaults(config or cache.split_config, P, N, H, G, rd.fmt_id, need_amax,
+                          ckpt.fmt_id)
     rx, rB = cache.ring_x, cache.ring_B
     if ring_id != RING_FP32:
         rx, rB = rx.view(torch.int16), rB.view(torch.int16)
@@ -652,8 +687,8 @@ def launch_split_step(
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
         scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
         PF=min(cfg.flush_prefetch, nq) if compiled_on(x.device) else 0,
-        EV=cfg.evict_first,
-        num_warps=cfg.flush_warps, **flags, **extra,
+        EV=cfg.evict_first, ck_desc=_checkpoint_descriptor(cache, fb) if cfg.flush_tma else None,
+        TMA=cfg.flush_tma, num_warps=cfg.flush_warps, **flags, **extra,
     )
     if weights:
         m2_weights_kernel[(G, batch)](

@@ -615,6 +615,47 @@ def test_prefetch_changes_no_bit(ck, rd) -> None:
     assert_runs_same_bits(res)
 
 
+PRESET32 = Preset("kernel-test-32", "mamba2", H, 32, N, G, 1, "headdim 32: whole chunks")
+
+
+@pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
+def test_flush_tma_changes_no_bit(ck, rd) -> None:
+    """Checkpoint chunks loaded through a tensor descriptor (``SplitConfig.flush_tma``,
+    one and two pipeline stages) give the same outputs, checkpoints and read copies as
+    plain loads: headdim 32 (two 16-row chunks), fewer persistent programs than units,
+    two windows and a flush step."""
+    batch, L, P32 = 3, 3, 32
+    trace = SyntheticTrace(PRESET32, steps=2 * L + 1, batch=batch, seed=5)
+    kind = kind_for(PRESET32)
+    params = kind.params({k: v.float().to(DEV) for k, v in trace.params.items()})
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    raws = [{k: v.to(DEV) for k, v in raw.items()} for raw in trace]
+    S0 = torch.randn(batch, H, P32, N, generator=torch.Generator().manual_seed(4)).to(DEV)
+    res = []
+    for tma, stages in ((False, 1), (True, 1), (True, 2)):
+        cfg = SplitConfig(flush_tma=tma, flush_stages=stages, flush_ctas_per_sm=1)
+        cache = Mamba2Cache.allocate(batch, H, P32, N, G, checkpoint_format=ck, read_format=rd,
+                                     window=L, device=DEV, seed=3, launch="split",
+                                     split_config=cfg)
+        cache.load_state(S0)
+        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                          dt_softplus=True).clone() for r in raws]
+        res.append(ys + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
+    assert_runs_same_bits(res)
+
+
+@pytest.mark.parametrize("ck,headdim", [("fp32", 24), ("fp8-e4m3", 32), ("nvfp4", 32)])
+def test_flush_tma_rejects_what_it_cannot_load(ck, headdim) -> None:
+    """``flush_tma`` takes dense checkpoints whose heads split into whole flush chunks."""
+    cache = Mamba2Cache.allocate(1, H, headdim, N, G, checkpoint_format=ck, window=2,
+                                 device=DEV, launch="split",
+                                 split_config=SplitConfig(flush_tma=True))
+    x = torch.zeros(1, H, headdim, device=DEV)
+    with pytest.raises(ValueError, match="flush_tma needs a dense checkpoint"):
+        mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
+                    torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
+
+
 def test_loads_first_rejects_more_than_two_tiles() -> None:
     """``out_loads_first`` unrolls at most two tiles per head besides a tail tile: headdim
     80 in 16-row tiles is refused with a clear message."""
