@@ -62,7 +62,8 @@ DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3")
 # are the integer-rounding encoders, the nvfp4 scratch pass and the persistent grid)
 FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
          ("units", {"flush_grid": "units"}),
-         ("168 registers, 3 per SM", {"maxnreg": 168, "flush_ctas_per_sm": 3})]
+         ("168 registers, 3 per SM", {"maxnreg": 168, "flush_ctas_per_sm": 3}),
+         ("tma", {"flush_tma": True}), ("tma 3 stages", {"flush_tma": True, "flush_stages": 3})]
 FLUSH_NVFP4 = [("recompute", {"flush_pass": "recompute"}),
                ("recompute+reference", {"flush_pass": "recompute", "fast_encode": False})]
 

@@ -72,6 +72,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .codec import as_int32
 from .gdn_extra import (
@@ -118,6 +119,8 @@ _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
 DOT_PRECISIONS = ("tf32x2", "tf32x3", "ieee")
 LAUNCHES = ("fused", "split", "staged")
 FLUSH_GRIDS = ("persistent", "units")
+_DENSE = ("fp32", "bf16", "fp16", "bf16-sr", "fp16-sr")
+"""Checkpoint formats stored as one plain (rows, K) array (``flush_tma``)."""
 VERIFY_LAUNCHES = ("single", "staged", "staged-dot")
 FLUSH_PASSES = ("recompute", "scratch")
 
@@ -245,12 +248,18 @@ def _ring_cols(ring_x, rbase, h, offs_v, valid, HV: tl.constexpr, V: tl.constexp
 def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n, valid, Kr,
                 br, ec, Tm, w, e_last, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 FB: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr, RING: tl.constexpr,
-                STEP: tl.constexpr, DOT: tl.constexpr):
+                STEP: tl.constexpr, DOT: tl.constexpr, ck_desc=None, TMA: tl.constexpr = False,
+                row0=0):
     """Fresh fp32 rows ``offs_v`` (FB of them): the window's d recomputed from the
     checkpoint rows, ``D = RHS (I + N)^-T``, then ``e^{c_L} S_c + (w D) K``.  An nvfp4
     checkpoint decodes with ``s2_old``, its matrix scale read before the first chunk
-    was rewritten."""
-    if C_FMT == K_NVFP4:
+    was rewritten.  TMA (a dense checkpoint, V a multiple of FB): the rows come through
+    the tensor descriptor ``ck_desc`` over ``(slots * HV * V, K)`` (``row0``: the first
+    of ``offs_v``)."""
+    if TMA:
+        S = decode_tile(ck_desc.load([(mat * V + row0).to(tl.int32), 0]), 0.0, 0.0, C_FMT,
+                        FB, K)
+    elif C_FMT == K_NVFP4:
         codes, sc, s2_now = load_tile(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, K, C_FMT)
         S = decode_tile(codes, sc, s2_old, C_FMT, FB, K)
     else:
@@ -310,7 +319,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr,
                 STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
                 NOLICM: tl.constexpr = True, scr=None, SCRATCH: tl.constexpr = False,
-                FAST: tl.constexpr = False, PF: tl.constexpr = 0):
+                FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
+                TMA: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -326,7 +336,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     the second pass only encodes the nvfp4 copies from those rows (the same fp32 values,
     so the same bits).  FAST: ``tl_formats.encode_tile_with(..., FAST=True)`` encoders.
     PF (compiled code only): L2 prefetch of the first PF chunks before the set-up, then
-    of the chunk PF ahead at the top of every chunk."""
+    of the chunk PF ahead at the top of every chunk.  TMA: the checkpoint rows through
+    the tensor descriptor ``ck_desc`` (:func:`_fold_chunk`)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -367,7 +378,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
         offs_v = v0 + tl.arange(0, FB)
         Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n,
                          valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
-                         DOT)
+                         DOT, ck_desc, TMA, v0)
         if AMAX:
             amax = matrix_amax(Sn)
         _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
@@ -381,7 +392,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             offs_v = v0 + c * FB + tl.arange(0, FB)
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
                              offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
-                             C_FMT, RING, STEP, DOT)
+                             C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
             amax = tl.maximum(amax, matrix_amax(Sn))
             tl.store(scr + (offs_v - v0)[:, None] * K + offs_k[None, :], Sn)
             _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
@@ -400,7 +411,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 offs_v = v0 + c * FB + tl.arange(0, FB)
                 Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
                                  offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
-                                 C_FMT, RING, STEP, DOT)
+                                 C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
                 amax = tl.maximum(amax, matrix_amax(Sn))
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
             if PF > 0:
@@ -409,7 +420,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             offs_v = v0 + c * FB + tl.arange(0, FB)
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v,
                              n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING,
-                             STEP, DOT)
+                             STEP, DOT, ck_desc, TMA, v0 + c * FB)
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True,
                         FAST)
@@ -803,7 +814,8 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                 RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr,
                 F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
                 COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
-                SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0):
+                SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0,
+                ck_desc=None, TMA: tl.constexpr = False):
     """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
     hk = h // (HV // HK)
     mat = slot.to(tl.int64) * HV + h
@@ -812,7 +824,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
         _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                     ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
                     0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                    RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF)
+                    RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA)
     else:
         q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                 K, RING)
@@ -821,7 +833,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
                     out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                     beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                    RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF)
+                    RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
@@ -835,7 +847,7 @@ def _flush_kernel(
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
     COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
     UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
-    PF: tl.constexpr = 0,
+    PF: tl.constexpr = 0, ck_desc=None, TMA: tl.constexpr = False,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -875,7 +887,8 @@ def _flush_kernel(
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk,
                         fresh, scr + (sl0.to(tl.int64) * (HV * NU) + u) * (BVF * K), seed,
                         bidx, sl0, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP, LOG2RP,
-                        C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST, PF)
+                        C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST, PF,
+                        ck_desc, TMA)
     else:
         pid = tl.program_id(0)
         G = tl.num_programs(0)
@@ -918,7 +931,7 @@ def _flush_kernel(
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
                         scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
                         LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST,
-                        PF)
+                        PF, ck_desc, TMA)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
             u += G
@@ -1281,7 +1294,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_stages=1, eager=True, prep_num_warps=2,
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
-                    flush_prefetch=0)
+                    flush_prefetch=0, flush_tma=False)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
     return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128,
                 tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=0,
@@ -1291,7 +1304,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
-                flush_prefetch=0 if whole else 1)
+                flush_prefetch=0 if whole else 1, flush_tma=False)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1408,6 +1421,9 @@ class GDNReplayCache:
       launches touch disjoint rows).
     * ``flush_prefetch``: L2 prefetch in the flush (compiled code only), chunks ahead
       of the one being folded (0: none).
+    * ``flush_tma``: the staged flush launch loads a dense checkpoint's (fp32 or 16-bit)
+      chunks through a tensor descriptor (TMA bulk copies into shared memory on Hopper,
+      issued ahead by the chunk loop's ``flush_stages``-deep pipeline).  Default off.
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.
@@ -1436,7 +1452,7 @@ class GDNReplayCache:
         verify_launch: str | None = None, flush_licm: bool | None = None, keep_fresh: bool = False,
         flush_grid: str | None = None, flush_pass: str | None = None,
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
-        flush_prefetch: int | None = None,
+        flush_prefetch: int | None = None, flush_tma: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1467,7 +1483,8 @@ class GDNReplayCache:
                      prep_num_warps=prep_num_warps, verify_launch=verify_launch,
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
-                     flush_prefetch=flush_prefetch, verify_block_v=verify_block_v,
+                     flush_prefetch=flush_prefetch, flush_tma=flush_tma,
+                     verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
             cfg["out_tiles_per_program"] = 1
@@ -1491,6 +1508,12 @@ class GDNReplayCache:
         self.flush_prefetch = int(cfg["flush_prefetch"])
         if self.flush_prefetch < 0:
             raise ValueError(f"flush_prefetch must be >= 0, got {self.flush_prefetch}")
+        self.flush_tma = bool(cfg["flush_tma"])
+        if self.flush_tma and (self.launch != "staged" or checkpoint not in _DENSE):
+            raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
+                             f"({', '.join(_DENSE)}), got launch {self.launch!r}, checkpoint "
+                             f"{checkpoint!r}")
+        self._ck_desc = None
         self._side: torch.cuda.Stream | None = None
         if self.flush_grid not in FLUSH_GRIDS:
             raise ValueError(f"flush_grid must be one of {FLUSH_GRIDS}, got {self.flush_grid!r}")
@@ -1553,6 +1576,15 @@ class GDNReplayCache:
         self.fresh = (torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh
                       else None)
         """fp32 state of each slot's last flush (``keep_fresh=True``), for inspection."""
+
+    def _checkpoint_descriptor(self) -> TensorDescriptor:
+        """Tensor descriptor of the checkpoint's rows, ``(slots * HV * V, K)``, in blocks
+        of ``flush_chunk`` rows (``flush_tma``)."""
+        if self._ck_desc is None:
+            codes = self.ckpt.codes
+            self._ck_desc = TensorDescriptor.from_tensor(codes.view(-1, self.K),
+                                                         [self.FB, self.K])
+        return self._ck_desc
 
     def _staged_scratch(self, B: int, device) -> tuple[torch.Tensor, ...]:
         """The staged launch's per-step buffers: prepared q, k per (row, k-head); ring
@@ -1744,8 +1776,9 @@ class GDNReplayCache:
             self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
             self.ring_id, self.fresh is not None, commit, self.dot, not self.flush_licm,
             self.flush_grid == "units", scr is not None, self.fast_encode,
-            self.flush_prefetch if compiled_on(q.device) else 0, num_warps=self.num_warps,
-            maxnreg=self.maxnreg,
+            self.flush_prefetch if compiled_on(q.device) else 0,
+            self._checkpoint_descriptor() if self.flush_tma else None, self.flush_tma,
+            num_warps=self.num_warps, maxnreg=self.maxnreg,
         )
         if concurrent:  # after every flush program has read its clocks
             self.compiled["advance"] = _advance_clocks_kernel[(1,)](

@@ -29,7 +29,10 @@ chunk holds the whole head (``flush_rows >= headdim``), folds it once.  ``PF``
 the chunk ``PF`` ahead (into the program's next unit); ``EV`` (``evict_first``): the
 copies' stores evict first from L2; ``TMA`` (``flush_tma``): a dense checkpoint's
 chunks are loaded through a tensor descriptor (on Hopper, bulk copies into shared
-memory that the chunk loop's pipeline issues ahead, holding no registers).
+memory that the chunk loop's pipeline issues ahead, holding no registers);
+``TMA_CK`` / ``TMA_RD`` (``flush_tma_store``): the checkpoint's / a dense or fp8 read
+copy's chunks are stored through theirs (the one-pass loop only, not nvfp4's scratch
+pass).
 
 **Output launch** (``SplitConfig.out_kernel``): rows that flush this step load
 nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
@@ -147,15 +150,19 @@ def _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, ro
                   seed_ck, seed_rd, t, amax, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
                   FB: tl.constexpr, N: tl.constexpr, HW_CVT: tl.constexpr,
                   FAST_ENC: tl.constexpr, ONE_PASS: tl.constexpr, W_CK: tl.constexpr,
-                  W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False):
+                  W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False,
+                  ck_desc=None, rd_desc=None, row0=0, TMA_CK: tl.constexpr = False,
+                  TMA_RD: tl.constexpr = False):
     """Store fresh rows: the checkpoint (``W_CK``), the read copy (``W_RD``), the fp32
-    state (``W_FRESH``); ``EVICT``: the copies' stores evict first from L2."""
+    state (``W_FRESH``); ``EVICT``: the copies' stores evict first from L2; ``TMA_CK`` /
+    ``TMA_RD``: the checkpoint's / read copy's codes through their tensor descriptors
+    (rows ``row0 ..`` of the matrix)."""
     if W_CK:
         store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
-                   HW_CVT, FAST_ENC, ONE_PASS, EVICT)
+                   HW_CVT, FAST_ENC, ONE_PASS, EVICT, ck_desc, row0, TMA_CK)
     if W_RD:
         store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB, N,
-                   HW_CVT, FAST_ENC, ONE_PASS, EVICT)
+                   HW_CVT, FAST_ENC, ONE_PASS, EVICT, rd_desc, row0, TMA_RD)
     if W_FRESH:
         tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
 
@@ -270,6 +277,7 @@ def m2_flush_kernel(
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
     PF: tl.constexpr = 0, EV: tl.constexpr = False, ck_desc=None, TMA: tl.constexpr = False,
+    rd_desc=None, TMA_CK: tl.constexpr = False, TMA_RD: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -371,7 +379,8 @@ def m2_flush_kernel(
                            HAS_Z)
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
-                              FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH, EV)
+                              FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH, EV, ck_desc,
+                              rd_desc, r0 + q * FB, TMA_CK, TMA_RD)
         u += nprog
 
 

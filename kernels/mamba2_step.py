@@ -31,6 +31,7 @@ from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import (
     FMT_BF16,
     FMT_BF16_SR,
+    FMT_FP8,
     FMT_FP16,
     FMT_FP16_SR,
     FMT_FP32,
@@ -135,7 +136,10 @@ class SplitConfig:
     against 107.5).  ``flush_tma`` (dense checkpoints, headdim a multiple of
     ``flush_rows``): the flush loads the checkpoint's chunks through a tensor
     descriptor (TMA bulk copies into shared memory on Hopper, issued ``flush_stages - 1``
-    chunks ahead by the chunk loop's pipeline); None = off.
+    chunks ahead by the chunk loop's pipeline); None = off.  ``flush_tma_store`` (the
+    same shapes): the flush stores the checkpoint's chunks, and a dense or fp8 read
+    copy's, through tensor descriptors (TMA bulk stores; an nvfp4 flush's scratch pass
+    keeps plain stores); None = off.
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -161,6 +165,7 @@ class SplitConfig:
     evict_first: bool | None = None
     out_loads_first: bool | None = None
     flush_tma: bool | None = None
+    flush_tma_store: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -212,8 +217,8 @@ class Mamba2Cache:
     """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
-    ck_desc: tuple | None = None
-    """(key, tensor descriptor) of the checkpoint rows for ``SplitConfig.flush_tma``."""
+    descriptors: dict = field(default_factory=dict)
+    """Tensor descriptors of the stores' rows (``SplitConfig.flush_tma``), by buffer."""
 
     @classmethod
     def allocate(
@@ -570,11 +575,11 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if loads_first and full > 2:
         raise ValueError(f"out_loads_first takes at most 2 tiles per head besides a tail "
                          f"tile, got headdim {P} in {bp}-row tiles")
-    tma = bool(cfg.flush_tma)
-    if tma and (ck_id not in _DENSE_IDS or P % cfg.flush_rows):
-        raise ValueError(f"flush_tma needs a dense checkpoint (fp32 or 16-bit) and headdim "
-                         f"a multiple of flush_rows, got headdim {P}, flush_rows "
-                         f"{cfg.flush_rows}")
+    tma, tma_st = bool(cfg.flush_tma), bool(cfg.flush_tma_store)
+    if (tma or tma_st) and (ck_id not in _DENSE_IDS or P % cfg.flush_rows):
+        raise ValueError(f"flush_tma / flush_tma_store need a dense checkpoint (fp32 or "
+                         f"16-bit) and headdim a multiple of flush_rows, got headdim {P}, "
+                         f"flush_rows {cfg.flush_rows}")
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
@@ -596,7 +601,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),
-                   out_loads_first=loads_first, flush_tma=tma,
+                   out_loads_first=loads_first, flush_tma=tma, flush_tma_store=tma_st,
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
                                    else int(fw == 1 and narrow and not need_amax)),
@@ -606,15 +611,15 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                                  if kind == "heads" and narrow else 0))
 
 
-def _checkpoint_descriptor(cache: Mamba2Cache, rows: int) -> TensorDescriptor:
-    """Tensor descriptor of a dense checkpoint's rows, ``(slots * H * P, N)``, in
-    blocks of ``rows`` (``SplitConfig.flush_tma``); kept with the cache."""
-    codes = cache.ckpt.codes
-    key = (codes.data_ptr(), tuple(codes.shape), rows)
-    if cache.ck_desc is None or cache.ck_desc[0] != key:
+def _rows_descriptor(cache: Mamba2Cache, store: StateStore, rows: int) -> TensorDescriptor:
+    """Tensor descriptor of a store's codes as rows, ``(slots * H * P, N)``, in blocks
+    of ``rows`` (``SplitConfig.flush_tma`` / ``flush_tma_store``); kept with the cache."""
+    codes = store.codes
+    key = (codes.data_ptr(), tuple(codes.shape), codes.dtype, rows)
+    if key not in cache.descriptors:
         flat = codes.view(-1, codes.shape[-1])
-        cache.ck_desc = (key, TensorDescriptor.from_tensor(flat, [rows, codes.shape[-1]]))
-    return cache.ck_desc[1]
+        cache.descriptors[key] = TensorDescriptor.from_tensor(flat, [rows, codes.shape[-1]])
+    return cache.descriptors[key]
 
 
 def launch_split_step(
@@ -669,6 +674,9 @@ def launch_split_step(
     scratch = cfg.flush_pass == "scratch" and need_amax and not one_pass
     if scratch:
         cache.flush_scratch = device_buffer(cache.flush_scratch, nprog * fb * nq * N, x.device)
+    tma_ck = cfg.flush_tma or cfg.flush_tma_store
+    tma_rd = cfg.flush_tma_store and read is not None and (
+        read.fmt_id in _DENSE_IDS or read.fmt_id == FMT_FP8)
     weights = cfg.out_kernel == "heads" and cfg.out_weights == "launch"
     if weights:
         cache.out_wts = device_buffer(cache.out_wts, batch * H * (RB + 4), x.device)
@@ -687,8 +695,9 @@ def launch_split_step(
         FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
         scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
         PF=min(cfg.flush_prefetch, nq) if compiled_on(x.device) else 0,
-        EV=cfg.evict_first, ck_desc=_checkpoint_descriptor(cache, fb) if cfg.flush_tma else None,
-        TMA=cfg.flush_tma, num_warps=cfg.flush_warps, **flags, **extra,
+        EV=cfg.evict_first, ck_desc=_rows_descriptor(cache, ckpt, fb) if tma_ck else None,
+        TMA=cfg.flush_tma, rd_desc=_rows_descriptor(cache, read, fb) if tma_rd else None,
+        TMA_CK=cfg.flush_tma_store, TMA_RD=tma_rd, num_warps=cfg.flush_warps, **flags, **extra,
     )
     if weights:
         m2_weights_kernel[(G, batch)](

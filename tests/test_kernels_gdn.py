@@ -586,6 +586,30 @@ def test_flush_prefetch_changes_no_bit(ck, rd) -> None:
     assert_runs_same_bits(res)
 
 
+@pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
+def test_flush_tma_changes_no_bit(ck, rd) -> None:
+    """The staged flush's checkpoint chunks through a tensor descriptor (``flush_tma``,
+    one and two pipeline stages) write the same outputs and copies as plain loads."""
+    B, L = 3, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
+    idx = torch.arange(B, dtype=torch.int32, device=DEV)
+    res = []
+    for tma, stages in ((False, 1), (True, 1), (True, 2)):
+        cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ck, read=rd, device=DEV,
+                               seed=2, launch="staged", flush_chunk=16, flush_stages=stages,
+                               flush_tma=tma, flush_ctas_per_sm=1)
+        cache.reset(state0(B))
+        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
+        res.append(outs + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
+    assert_runs_same_bits(res)
+
+
+@pytest.mark.parametrize("kw", [dict(checkpoint="nvfp4"), dict(launch="fused")])
+def test_flush_tma_rejects_what_it_cannot_load(kw) -> None:
+    with pytest.raises(ValueError, match="flush_tma needs the staged launch"):
+        GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, flush_tma=True, **kw)
+
+
 def test_flush_prefetch_rejects_negative() -> None:
     with pytest.raises(ValueError, match="flush_prefetch must be"):
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, flush_prefetch=-1)

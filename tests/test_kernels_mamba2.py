@@ -621,9 +621,10 @@ PRESET32 = Preset("kernel-test-32", "mamba2", H, 32, N, G, 1, "headdim 32: whole
 @pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
 def test_flush_tma_changes_no_bit(ck, rd) -> None:
     """Checkpoint chunks loaded through a tensor descriptor (``SplitConfig.flush_tma``,
-    one and two pipeline stages) give the same outputs, checkpoints and read copies as
-    plain loads: headdim 32 (two 16-row chunks), fewer persistent programs than units,
-    two windows and a flush step."""
+    one and two pipeline stages) and the copies stored through theirs
+    (``flush_tma_store``) give the same outputs, checkpoints and read copies as plain
+    loads and stores: headdim 32 (two 16-row chunks), fewer persistent programs than
+    units, two windows and a flush step."""
     batch, L, P32 = 3, 3, 32
     trace = SyntheticTrace(PRESET32, steps=2 * L + 1, batch=batch, seed=5)
     kind = kind_for(PRESET32)
@@ -632,8 +633,10 @@ def test_flush_tma_changes_no_bit(ck, rd) -> None:
     raws = [{k: v.to(DEV) for k, v in raw.items()} for raw in trace]
     S0 = torch.randn(batch, H, P32, N, generator=torch.Generator().manual_seed(4)).to(DEV)
     res = []
-    for tma, stages in ((False, 1), (True, 1), (True, 2)):
-        cfg = SplitConfig(flush_tma=tma, flush_stages=stages, flush_ctas_per_sm=1)
+    for tma, st, stages in ((False, False, 1), (True, False, 1), (True, True, 2),
+                            (False, True, 1)):
+        cfg = SplitConfig(flush_tma=tma, flush_tma_store=st, flush_stages=stages,
+                          flush_ctas_per_sm=1)
         cache = Mamba2Cache.allocate(batch, H, P32, N, G, checkpoint_format=ck, read_format=rd,
                                      window=L, device=DEV, seed=3, launch="split",
                                      split_config=cfg)
@@ -651,7 +654,7 @@ def test_flush_tma_rejects_what_it_cannot_load(ck, headdim) -> None:
                                  device=DEV, launch="split",
                                  split_config=SplitConfig(flush_tma=True))
     x = torch.zeros(1, H, headdim, device=DEV)
-    with pytest.raises(ValueError, match="flush_tma needs a dense checkpoint"):
+    with pytest.raises(ValueError, match="flush_tma / flush_tma_store need a dense"):
         mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
                     torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
 
