@@ -74,6 +74,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .clocks import advance_clocks_kernel
 from .codec import as_int32
 from .gdn_extra import (
     inv_unit_lower,
@@ -126,23 +127,6 @@ FLUSH_PASSES = ("recompute", "scratch")
 
 
 # ---------------------------------------------------------------- device helpers
-@triton.jit
-def _advance_clocks_kernel(posted, tickets, state_idx, B, STEP: tl.constexpr,
-                           BP: tl.constexpr):
-    """The concurrent staged step's clock advance, one program launched after the flush
-    launch on its stream (so every flush program has read its clocks): wait until the
-    prep launch's ``STEP * B`` programs have posted at ``posted`` that they read
-    theirs, take those posts back and advance every live row's clock by ``STEP``.  The
-    prep launch never waits, and no launch of the step reads a clock the step advanced,
-    whichever of the two streams runs first."""
-    while tl.atomic_add(posted, 0, sem="acquire") < STEP * B:
-        pass
-    tl.atomic_add(posted, -STEP * B, sem="relaxed")
-    offs = tl.arange(0, BP)
-    sl = tl.load(state_idx + offs, mask=offs < B, other=-1)
-    tl.atomic_add(tickets + tl.maximum(sl, 0), STEP, mask=sl >= 0, sem="relaxed")
-
-
 @triton.jit
 def _gates(a_ptr, b_ptr, A_log, dt_bias, h):
     """``(g, beta)`` of value head ``h`` (fp32 scalars)."""
@@ -664,7 +648,7 @@ def _prep_kernel(
     skips it; a flushing row gets nothing but its clock tick).  CONC (the flush launch
     on another stream, which may run later): instead of its tick a program posts at
     ``posted`` that it has read the clock, and the flush stream advances the clocks
-    (:func:`_advance_clocks_kernel`).  No branches: every
+    (:func:`clocks.advance_clocks_kernel`).  No branches: every
     load but the masked ring reads (none with EAGER: the ring k and g tiles are read
     whole and masked in registers) is issued with the slot index, next to the clock."""
     hk = tl.program_id(0)
@@ -1527,7 +1511,7 @@ class GDNReplayCache:
         self._fscratch = None
         self._posted = torch.zeros(1, dtype=torch.int32, device=device)
         """The concurrent staged step's count of prep programs that have read their clocks
-        (:func:`_advance_clocks_kernel`; zero between steps)."""
+        (:func:`clocks.advance_clocks_kernel`; zero between steps)."""
         self.compiled: dict = {}
         """The last compiled kernel of each launch (``n_regs``, ``n_spills``: tuning aid)."""
         self.BV, self.num_warps = cfg["block_v"], cfg["num_warps"]
@@ -1694,7 +1678,7 @@ class GDNReplayCache:
         either may run first, so neither reads a clock the other advanced: the prep
         programs only post that they have read theirs, and a one-program launch after the
         flush on its stream advances the clocks once they all have
-        (:func:`_advance_clocks_kernel`)."""
+        (:func:`clocks.advance_clocks_kernel`)."""
         main = torch.cuda.current_stream(q.device)
         if self._side is None:
             self._side = torch.cuda.Stream(device=q.device)
@@ -1755,7 +1739,7 @@ class GDNReplayCache:
                concurrent: bool = False) -> None:
         """The flush launch (returns at once where nothing flushes): persistent, or one
         program per unit (``flush_grid="units"``); ``concurrent``: beside the staged
-        step's prep launch, then the clock advance for it (:func:`_advance_clocks_kernel`)."""
+        step's prep launch, then the clock advance for it (:func:`clocks.advance_clocks_kernel`)."""
         B = state_indices.shape[0]
         c, fargs, f_id = self._copies()
         NU = self.V // self.BV
@@ -1781,8 +1765,8 @@ class GDNReplayCache:
             num_warps=self.num_warps, maxnreg=self.maxnreg,
         )
         if concurrent:  # after every flush program has read its clocks
-            self.compiled["advance"] = _advance_clocks_kernel[(1,)](
-                self._posted, self.counters.tickets, state_indices, B, self.HK,
+            self.compiled["advance"] = advance_clocks_kernel[(1,)](
+                self._posted, self.counters.tickets, state_indices, B, self.HK, self.HK,
                 _pow2_at_least(B, 256), num_warps=4)
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:

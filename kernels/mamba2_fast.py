@@ -14,6 +14,14 @@ The output launch reads ``pos[b]`` (never the clock) and program 0 of each row a
 program of that launch reads it, so there is no read/increment race; no host
 synchronisation, CUDA-graph capturable.
 
+**Concurrent flush** (``SplitConfig.concurrent_flush``, "heads" output with the
+weights launch): the flush launch runs on a second stream beside the weights and
+output launches, which touch other rows.  Either stream may run first, so no launch
+of the step may advance a clock: the weights launch writes ``pos`` and posts that it
+has read the clocks, the output launch leaves them, and
+:func:`clocks.advance_clocks_kernel`, behind the flush on its stream, advances them
+once every post is in.
+
 **Flush launch** (persistent: ``programs`` CTAs): units are (flushing row, head,
 block of ``FB * NQ`` rows), taken every ``programs``-th; with nothing to flush a
 program returns after its two vector loads.  A unit folds its rows in ``FB``-row
@@ -29,10 +37,7 @@ chunk holds the whole head (``flush_rows >= headdim``), folds it once.  ``PF``
 the chunk ``PF`` ahead (into the program's next unit); ``EV`` (``evict_first``): the
 copies' stores evict first from L2; ``TMA`` (``flush_tma``): a dense checkpoint's
 chunks are loaded through a tensor descriptor (on Hopper, bulk copies into shared
-memory that the chunk loop's pipeline issues ahead, holding no registers);
-``TMA_CK`` / ``TMA_RD`` (``flush_tma_store``): the checkpoint's / a dense or fp8 read
-copy's chunks are stored through theirs (the one-pass loop only, not nvfp4's scratch
-pass).
+memory that the chunk loop's pipeline issues ahead, holding no registers).
 
 **Output launch** (``SplitConfig.out_kernel``): rows that flush this step load
 nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
@@ -150,19 +155,15 @@ def _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, ro
                   seed_ck, seed_rd, t, amax, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
                   FB: tl.constexpr, N: tl.constexpr, HW_CVT: tl.constexpr,
                   FAST_ENC: tl.constexpr, ONE_PASS: tl.constexpr, W_CK: tl.constexpr,
-                  W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False,
-                  ck_desc=None, rd_desc=None, row0=0, TMA_CK: tl.constexpr = False,
-                  TMA_RD: tl.constexpr = False):
+                  W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False):
     """Store fresh rows: the checkpoint (``W_CK``), the read copy (``W_RD``), the fp32
-    state (``W_FRESH``); ``EVICT``: the copies' stores evict first from L2; ``TMA_CK`` /
-    ``TMA_RD``: the checkpoint's / read copy's codes through their tensor descriptors
-    (rows ``row0 ..`` of the matrix)."""
+    state (``W_FRESH``); ``EVICT``: the copies' stores evict first from L2."""
     if W_CK:
         store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
-                   HW_CVT, FAST_ENC, ONE_PASS, EVICT, ck_desc, row0, TMA_CK)
+                   HW_CVT, FAST_ENC, ONE_PASS, EVICT)
     if W_RD:
         store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB, N,
-                   HW_CVT, FAST_ENC, ONE_PASS, EVICT, rd_desc, row0, TMA_RD)
+                   HW_CVT, FAST_ENC, ONE_PASS, EVICT)
     if W_FRESH:
         tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
 
@@ -183,7 +184,8 @@ def m2_weights_kernel(
     wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
     N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, pos=None, posted=None,
+    CONC: tl.constexpr = False,
 ):
     """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
     ``SplitConfig.out_weights="launch"``), a program per (B/C group ``g``, batch row
@@ -192,11 +194,19 @@ def m2_weights_kernel(
     flush: the weight of each ring entry before ``c``, ``dt_i e^(Lambda_c - Lambda_i)
     (B_i . C)``, then ``dt B_c . C`` (this step's entry), ``e^Lambda_c`` and ``dt``, as
     ``RB + 4`` floats at ``wts[(b H + h) (RB + 4)]``.  The group's ring of B is loaded
-    once; its heads (``HPG`` >= heads per group) are one ``[HPG, RB]`` tile."""
+    once; its heads (``HPG`` >= heads per group) are one ``[HPG, RB]`` tile.
+
+    ``CONC`` (the flush launch on a second stream): the group-0 programs write the
+    rows' ring positions to ``pos`` for the output launch, and every program posts at
+    ``posted`` that it has read its clock (:func:`clocks.advance_clocks_kernel`)."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
     c = tl.load(tickets + tl.maximum(slot, 0)) % L
+    if CONC:
+        if g == 0:
+            tl.store(pos + b, tl.where(slot >= 0, c, -1))
+        tl.atomic_add(posted, 1, sem="release")
     if (slot >= 0) & (c != L - 1):
         offs_n = tl.arange(0, N)
         offs_r = tl.arange(0, RB)
@@ -277,7 +287,7 @@ def m2_flush_kernel(
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
     PF: tl.constexpr = 0, EV: tl.constexpr = False, ck_desc=None, TMA: tl.constexpr = False,
-    rd_desc=None, TMA_CK: tl.constexpr = False, TMA_RD: tl.constexpr = False,
+    CONC: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -288,7 +298,7 @@ def m2_flush_kernel(
     sl0 = tl.maximum(sl, 0)
     k = tl.load(tickets + sl0, mask=live, other=0)
     cpos = k % L
-    if pid == 0:
+    if (pid == 0) and not CONC:  # (CONC: the weights launch writes them)
         tl.store(pos + offs_b, tl.where(live, cpos, -1), mask=inb)
     flag = live & (cpos == L - 1)
     fl = flag.to(tl.int32)
@@ -379,8 +389,7 @@ def m2_flush_kernel(
                            HAS_Z)
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
-                              FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH, EV, ck_desc,
-                              rd_desc, r0 + q * FB, TMA_CK, TMA_RD)
+                              FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH, EV)
         u += nprog
 
 
@@ -578,7 +587,7 @@ def m2_out_heads_kernel(
     NS: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
-    PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False,
+    PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -588,7 +597,8 @@ def m2_out_heads_kernel(
     The step's own entry is a scalar coefficient on x, not a ring-tile select.
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
-    masked rows; ``SplitConfig.tail_tile``)."""
+    masked rows; ``SplitConfig.tail_tile``).  ``CONC`` (the flush launch on a second
+    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -609,7 +619,7 @@ def m2_out_heads_kernel(
             if TAIL > 0:
                 tl.store(out_b + (h0 + hh) * P + NPB * BLOCK_P + tl.arange(0, TAIL), 0.0)
         return
-    if pid == 0:
+    if (pid == 0) and not CONC:  # (CONC: clocks.advance_clocks_kernel advances it)
         tl.atomic_add(tickets + slot, 1, sem="relaxed")  # nobody in this launch reads it
     if c != L - 1:
         hpg = H // G

@@ -17,6 +17,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .clocks import advance_clocks_kernel
 from .codec import as_int32
 from .mamba2_conv import mamba2_conv_kernel
 from .mamba2_fast import (
@@ -31,7 +32,6 @@ from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import (
     FMT_BF16,
     FMT_BF16_SR,
-    FMT_FP8,
     FMT_FP16,
     FMT_FP16_SR,
     FMT_FP32,
@@ -136,10 +136,13 @@ class SplitConfig:
     against 107.5).  ``flush_tma`` (dense checkpoints, headdim a multiple of
     ``flush_rows``): the flush loads the checkpoint's chunks through a tensor
     descriptor (TMA bulk copies into shared memory on Hopper, issued ``flush_stages - 1``
-    chunks ahead by the chunk loop's pipeline); None = off.  ``flush_tma_store`` (the
-    same shapes): the flush stores the checkpoint's chunks, and a dense or fp8 read
-    copy's, through tensor descriptors (TMA bulk stores; an nvfp4 flush's scratch pass
-    keeps plain stores); None = off.
+    chunks ahead by the chunk loop's pipeline); None = on, with two stages, where the
+    flush writes a 1-byte read copy from 1-warp programs (see :func:`_split_defaults`).
+    ``concurrent_flush`` ("heads" output with the weights launch): the flush launch and
+    the clock advance run on a second CUDA stream beside the weights and output
+    launches (``mamba2_fast``'s "Concurrent flush"); None = on for CUDA tensors.  On the
+    CPU, True runs the flush after the output launch, the order a second stream may
+    take.
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -165,7 +168,7 @@ class SplitConfig:
     evict_first: bool | None = None
     out_loads_first: bool | None = None
     flush_tma: bool | None = None
-    flush_tma_store: bool | None = None
+    concurrent_flush: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -217,6 +220,10 @@ class Mamba2Cache:
     """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
+    posted: torch.Tensor | None = None
+    """Posts of the weights launch's programs for the clock advance (concurrent flush)."""
+    side_stream: torch.cuda.Stream | None = None
+    """The concurrent flush's stream."""
     descriptors: dict = field(default_factory=dict)
     """Tensor descriptors of the stores' rows (``SplitConfig.flush_tma``), by buffer."""
 
@@ -529,9 +536,13 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     (two before the eighth H200 run) and evict-first stores (H200, batch 256, against
     4-warp programs: fp32 + fp8 flush 1108 -> 915 us on nano-4b, 1236 -> 979 on
     super-120b; replay fp32 785 -> 643 and 900 -> 704; then one stage: fp8 875 -> 815,
-    replay fp32 644 -> 604); nvfp4 flushes in 4-warp programs of one stage (their units
-    fold once into a scratch and encode from it), 4 per SM, capped at 128 registers (1-
-    or 2-warp ones took 1.2-1.4x as long)."""
+    replay fp32 644 -> 604); where they write a 1-byte copy from a dense checkpoint,
+    TMA loads of the checkpoint in two stages (``flush_tma``; tenth H200 run, fp8 flush
+    795-809 -> 749 us on nano-4b, 864-867 -> 817 on super-120b; one stage 778, three
+    807; the replay fp32 flush lost, 606 -> 624-654, and so did nvfp4's, 1562 ->
+    1628-1755); nvfp4 flushes in 4-warp programs of one stage (their units fold once
+    into a scratch and encode from it), 4 per SM, capped at 128 registers (1- or 2-warp
+    ones took 1.2-1.4x as long)."""
     hpg = H // G
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
@@ -575,11 +586,11 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if loads_first and full > 2:
         raise ValueError(f"out_loads_first takes at most 2 tiles per head besides a tail "
                          f"tile, got headdim {P} in {bp}-row tiles")
-    tma, tma_st = bool(cfg.flush_tma), bool(cfg.flush_tma_store)
-    if (tma or tma_st) and (ck_id not in _DENSE_IDS or P % cfg.flush_rows):
-        raise ValueError(f"flush_tma / flush_tma_store need a dense checkpoint (fp32 or "
-                         f"16-bit) and headdim a multiple of flush_rows, got headdim {P}, "
-                         f"flush_rows {cfg.flush_rows}")
+    tma_ok = ck_id in _DENSE_IDS and P % cfg.flush_rows == 0
+    if cfg.flush_tma and not tma_ok:
+        raise ValueError(f"flush_tma needs a dense checkpoint (fp32 or 16-bit) and headdim "
+                         f"a multiple of flush_rows, got headdim {P}, flush_rows "
+                         f"{cfg.flush_rows}")
     fc = cfg.flush_chunks
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
@@ -590,18 +601,21 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     fmax = cfg.flush_maxnreg
     if fmax is None:
         fmax = 128 if need_amax or (fw == 4 and not wide) else (0 if fw == 4 else 255)
+    # TMA loads in two stages where the flush writes a 1-byte copy from 1-warp programs
+    tma = cfg.flush_tma if cfg.flush_tma is not None else (
+        tma_ok and fw == 1 and narrow and not need_amax)
     return replace(cfg, out_kernel=kind, block_p=bp,
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),
-                   flush_stages=cfg.flush_stages or (1 if need_amax or fw == 1 else
-                                                     2 if fw < 4 else 3),
+                   flush_stages=cfg.flush_stages or (2 if tma else 1 if need_amax or fw == 1
+                                                     else 2 if fw < 4 else 3),
                    flush_warps=fw,
                    flush_ctas_per_sm=cfg.flush_ctas_per_sm or (4 if fw == 4 else 8 // fw),
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),
-                   out_loads_first=loads_first, flush_tma=tma, flush_tma_store=tma_st,
+                   out_loads_first=loads_first, flush_tma=tma,
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
                                    else int(fw == 1 and narrow and not need_amax)),
@@ -613,7 +627,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
 
 def _rows_descriptor(cache: Mamba2Cache, store: StateStore, rows: int) -> TensorDescriptor:
     """Tensor descriptor of a store's codes as rows, ``(slots * H * P, N)``, in blocks
-    of ``rows`` (``SplitConfig.flush_tma`` / ``flush_tma_store``); kept with the cache."""
+    of ``rows`` (``SplitConfig.flush_tma``); kept with the cache."""
     codes = store.codes
     key = (codes.data_ptr(), tuple(codes.shape), codes.dtype, rows)
     if key not in cache.descriptors:
@@ -639,7 +653,10 @@ def launch_split_step(
     """One replay step as two launches: the persistent flush launch (rows at ring
     position L - 1; writes each row's position to ``cache.pos``), then the output
     launch (rows at other positions; advances the clocks); between them, for "heads"
-    output programs, the ring-weights launch (``SplitConfig.out_weights``)."""
+    output programs, the ring-weights launch (``SplitConfig.out_weights``).  With
+    ``SplitConfig.concurrent_flush`` the flush launch goes to a second stream (a fork
+    and a join, CUDA-graph capturable), the weights launch writes the positions and
+    the clock advance follows the flush there."""
     ckpt, read = cache.ckpt, cache.read
     slots, H, P, N = ckpt.shape
     if N & (N - 1) or N < 16:
@@ -674,37 +691,81 @@ def launch_split_step(
     scratch = cfg.flush_pass == "scratch" and need_amax and not one_pass
     if scratch:
         cache.flush_scratch = device_buffer(cache.flush_scratch, nprog * fb * nq * N, x.device)
-    tma_ck = cfg.flush_tma or cfg.flush_tma_store
-    tma_rd = cfg.flush_tma_store and read is not None and (
-        read.fmt_id in _DENSE_IDS or read.fmt_id == FMT_FP8)
     weights = cfg.out_kernel == "heads" and cfg.out_weights == "launch"
     if weights:
         cache.out_wts = device_buffer(cache.out_wts, batch * H * (RB + 4), x.device)
     wts = cache.out_wts if weights else out
-    m2_flush_kernel[(nprog,)](
-        *ckpt.kernel_args(), *rd.kernel_args(),
-        cache.fresh if cache.fresh is not None else ckpt.codes,
-        rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
-        x, dt, B, C, zz, out, params.A, D, dtb,
-        as_int32(cache.seed), as_int32(cache.seed + 1), *strides,
-        batch, H, G, P, L, LR,
-        N=N, BP=max(16, triton.next_power_of_2(batch)), FB=fb, NQ=nq, UPH=uph, RB=RB,
-        NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None,
-        RING=ring_id, WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
-        HW_CVT=compiled_on(x.device),
-        FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
-        scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
-        PF=min(cfg.flush_prefetch, nq) if compiled_on(x.device) else 0,
-        EV=cfg.evict_first, ck_desc=_rows_descriptor(cache, ckpt, fb) if tma_ck else None,
-        TMA=cfg.flush_tma, rd_desc=_rows_descriptor(cache, read, fb) if tma_rd else None,
-        TMA_CK=cfg.flush_tma_store, TMA_RD=tma_rd, num_warps=cfg.flush_warps, **flags, **extra,
-    )
-    if weights:
+    conc = weights and (cfg.concurrent_flush if cfg.concurrent_flush is not None
+                        else x.is_cuda)
+    if conc:
+        cache.posted = device_buffer(cache.posted, 1, x.device, torch.int32, zero=True)
+
+    def flush() -> None:
+        m2_flush_kernel[(nprog,)](
+            *ckpt.kernel_args(), *rd.kernel_args(),
+            cache.fresh if cache.fresh is not None else ckpt.codes,
+            rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
+            x, dt, B, C, zz, out, params.A, D, dtb,
+            as_int32(cache.seed), as_int32(cache.seed + 1), *strides,
+            batch, H, G, P, L, LR,
+            N=N, BP=max(16, triton.next_power_of_2(batch)), FB=fb, NQ=nq, UPH=uph, RB=RB,
+            NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id,
+            SPLIT=read is not None, RING=ring_id, WRITE_FRESH=cache.fresh is not None,
+            NEED_AMAX=need_amax, HW_CVT=compiled_on(x.device),
+            FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
+            scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
+            PF=min(cfg.flush_prefetch, nq) if compiled_on(x.device) else 0,
+            EV=cfg.evict_first, TMA=cfg.flush_tma,
+            ck_desc=_rows_descriptor(cache, ckpt, fb) if cfg.flush_tma else None, CONC=conc,
+            num_warps=cfg.flush_warps, **flags, **extra,
+        )
+        if conc:  # once every weights program has read its clock
+            advance_clocks_kernel[(1,)](cache.posted, cache.tickets, state_indices, batch,
+                                        POSTS=G, STEP=1,
+                                        BP=max(16, triton.next_power_of_2(batch)), num_warps=4)
+
+    def weights_launch() -> None:
         m2_weights_kernel[(G, batch)](
             wts, rB, cache.ring_dt, cache.tickets, state_indices, dt, B, C, params.A, dtb,
             strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
             HPG=triton.next_power_of_2(H // G), RING=ring_id,
-            HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=2)
+            HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, pos=cache.pos,
+            posted=cache.posted if conc else None, CONC=conc, num_warps=2)
+
+    if not conc:
+        flush()
+        if weights:
+            weights_launch()
+        _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, False)
+    elif x.is_cuda:  # the flush and the clock advance on a second stream
+        main = torch.cuda.current_stream(x.device)
+        if cache.side_stream is None:
+            cache.side_stream = torch.cuda.Stream(device=x.device)
+        cache.side_stream.wait_stream(main)
+        weights_launch()  # (enqueued first: the clock advance waits for its posts)
+        _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, True)
+        with torch.cuda.stream(cache.side_stream):
+            flush()
+        main.wait_stream(cache.side_stream)
+    else:  # one stream (CPU): the order a second stream may take, the flush last
+        weights_launch()
+        _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, True)
+        flush()
+
+
+def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
+                   read: StateStore | None, ckpt: StateStore, rx, rB, state_indices, x, dt, B,
+                   C, zz, out, params: HeadParams, D, dtb, strides, wts, weights: bool,
+                   ring_id: int, flags: dict, conc: bool) -> None:
+    """The split step's output launch (``SplitConfig.out_kernel``); ``conc``: the flush
+    launch runs on a second stream and the clocks are left to the clock advance."""
+    slots, H, P, N = ckpt.shape
+    batch, G = x.shape[0], B.shape[-2]
+    L, LR = cache.window, cache.ring_x.shape[1]
+    RB = max(16, triton.next_power_of_2(L))
     bp, tpp, hpp = cfg.block_p, cfg.tiles_per_program, cfg.heads_per_program
     npb = triton.cdiv(P, bp)
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
@@ -719,7 +780,7 @@ def launch_split_step(
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
-            LOADS_FIRST=cfg.out_loads_first, **common)
+            LOADS_FIRST=cfg.out_loads_first, CONC=conc, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -180,15 +180,12 @@ def nvfp4_encode_fast(S, amax_mat, SELF_AMAX: tl.constexpr, BLOCK_P: tl.constexp
 def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step, amax_mat,
                FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
                HW_CVT: tl.constexpr = False, FAST_ENC: tl.constexpr = False,
-               SELF_AMAX: tl.constexpr = False, EVICT: tl.constexpr = False, desc=None,
-               row0=0, TMA: tl.constexpr = False):
+               SELF_AMAX: tl.constexpr = False, EVICT: tl.constexpr = False):
     """``tl_formats.store_state`` (same bits) without decoding the stored values back,
     stochastic rounding by :func:`sr_round_fast`, (``HW_CVT``, compiled code only)
     fp8 by :func:`fp8_encode_hw`, and (``FAST_ENC``) nvfp4 by :func:`nvfp4_encode_fast`
     (``SELF_AMAX``: the tile holds the whole matrix, ``amax_mat`` is ignored);
-    ``EVICT``: the stores evict first from L2.  ``TMA`` (a dense or fp8 format, rows
-    ``row0 ..`` of the matrix all inside it): the codes go out through the tensor
-    descriptor ``desc`` over ``(matrices * P, N)`` (a TMA bulk store on Hopper)."""
+    ``EVICT``: the stores evict first from L2."""
     if (FMT == K_NVFP4) and FAST_ENC:
         codes, s1, s2 = nvfp4_encode_fast(S, amax_mat, SELF_AMAX, BLOCK_P, N)
     elif (FMT == K_FP8) and HW_CVT:
@@ -209,10 +206,5 @@ def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
         s2 = 0.0
     else:
         codes, s1, s2 = encode_tile(S, FMT, 0, 0, amax_mat, BLOCK_P, N)
-    if TMA:
-        desc.store([(mat * P + row0).to(tl.int32), 0], codes)
-        if FMT == K_FP8:
-            tl.store(s1_ptr + mat * P + offs_p, s1, mask=mask_p)
-    else:
-        store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P, FMT,
-                    BLOCK_P, N, EVICT)
+    store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P, FMT, BLOCK_P,
+                N, EVICT)

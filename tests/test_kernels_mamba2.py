@@ -316,6 +316,69 @@ def test_split_step_with_staggered_phases_equals_fused() -> None:
     assert rel(res["split"][2], res["fused"][2]) < 1e-3
 
 
+@pytest.mark.parametrize("ck,rd", [("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
+def test_concurrent_flush_equals_sequential(ck, rd) -> None:
+    """The flush launch beside the weights and output launches
+    (``SplitConfig.concurrent_flush``; on the CPU it runs after them, the order a second
+    stream may take): the same outputs, copies and clocks as one stream, with rows at
+    staggered ring positions (every step some flush) and a padding row.  The posts are
+    all taken back."""
+    L, batch = 3, 4
+    kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=11)
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    idx = torch.tensor([0, 3, -1, 1], dtype=torch.int32, device=DEV)
+    res = []
+    for conc in (False, True):
+        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
+                                     window=L, device=DEV, seed=3, launch="split",
+                                     split_config=SplitConfig(concurrent_flush=conc))
+        cache.load_state(state0(batch))
+        stagger_clocks(cache.tickets, L, cache.programs_per_slot)
+        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                          state_indices=idx, dt_softplus=True).clone() for r in raws]
+        if conc:
+            assert cache.posted.item() == 0
+        res.append(ys + cache.ckpt.tensors() + cache.read.tensors() + [cache.tickets])
+    assert_runs_same_bits(res)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_concurrent_flush_in_a_graph() -> None:
+    """The concurrent flush's fork and join captured in a CUDA graph: replays walk two
+    windows with the bits of the one-stream step."""
+    L, batch = 3, 4
+    kind, params, raws = setup(steps=1, batch=batch, seed=12)
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    r = raws[0]
+    res = []
+    for conc in (False, True):
+        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp32",
+                                     read_format="fp8-e4m3", window=L, device=DEV, seed=3,
+                                     launch="split",
+                                     split_config=SplitConfig(concurrent_flush=conc))
+        cache.load_state(state0(batch))
+        stagger_clocks(cache.tickets, L, cache.programs_per_slot)
+        out = torch.empty(batch, H, P, device=DEV)
+        snap = cache.tickets.clone()
+        mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                    dt_softplus=True, out=out)  # compile
+        cache.load_state(state0(batch))
+        cache.tickets.copy_(snap)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                        dt_softplus=True, out=out)
+        cache.load_state(state0(batch))
+        cache.tickets.copy_(snap)
+        outs = []
+        for _ in range(2 * L + 1):
+            g.replay()
+            outs.append(out.clone())
+        torch.cuda.synchronize()
+        res.append(outs + cache.ckpt.tensors() + cache.read.tensors() + [cache.tickets])
+    assert_runs_same_bits(res)
+
+
 @pytest.mark.parametrize("field", ["out_weights", "flush_pass"])
 def test_split_config_rejects_unknown_values(field: str) -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
@@ -621,10 +684,9 @@ PRESET32 = Preset("kernel-test-32", "mamba2", H, 32, N, G, 1, "headdim 32: whole
 @pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
 def test_flush_tma_changes_no_bit(ck, rd) -> None:
     """Checkpoint chunks loaded through a tensor descriptor (``SplitConfig.flush_tma``,
-    one and two pipeline stages) and the copies stored through theirs
-    (``flush_tma_store``) give the same outputs, checkpoints and read copies as plain
-    loads and stores: headdim 32 (two 16-row chunks), fewer persistent programs than
-    units, two windows and a flush step."""
+    one and two pipeline stages) give the same outputs, checkpoints and read copies as
+    plain loads: headdim 32 (two 16-row chunks), fewer persistent programs than units,
+    two windows and a flush step."""
     batch, L, P32 = 3, 3, 32
     trace = SyntheticTrace(PRESET32, steps=2 * L + 1, batch=batch, seed=5)
     kind = kind_for(PRESET32)
@@ -633,10 +695,8 @@ def test_flush_tma_changes_no_bit(ck, rd) -> None:
     raws = [{k: v.to(DEV) for k, v in raw.items()} for raw in trace]
     S0 = torch.randn(batch, H, P32, N, generator=torch.Generator().manual_seed(4)).to(DEV)
     res = []
-    for tma, st, stages in ((False, False, 1), (True, False, 1), (True, True, 2),
-                            (False, True, 1)):
-        cfg = SplitConfig(flush_tma=tma, flush_tma_store=st, flush_stages=stages,
-                          flush_ctas_per_sm=1)
+    for tma, stages in ((False, 1), (True, 1), (True, 2)):
+        cfg = SplitConfig(flush_tma=tma, flush_stages=stages, flush_ctas_per_sm=1)
         cache = Mamba2Cache.allocate(batch, H, P32, N, G, checkpoint_format=ck, read_format=rd,
                                      window=L, device=DEV, seed=3, launch="split",
                                      split_config=cfg)
@@ -654,7 +714,7 @@ def test_flush_tma_rejects_what_it_cannot_load(ck, headdim) -> None:
                                  device=DEV, launch="split",
                                  split_config=SplitConfig(flush_tma=True))
     x = torch.zeros(1, H, headdim, device=DEV)
-    with pytest.raises(ValueError, match="flush_tma / flush_tma_store need a dense"):
+    with pytest.raises(ValueError, match="flush_tma needs a dense checkpoint"):
         mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
                     torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
 
