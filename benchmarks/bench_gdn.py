@@ -44,12 +44,17 @@ SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
                        "verify_launch": "single"}}
 _FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,
           "maxnreg": 128, "flush_ctas_per_sm": 4}
+# dense checkpoints (fp32 here): TMA loads of the chunks, 168 registers, 3 programs per
+# SM (tenth H200 run, qwen3.5-4b, batch 256: fp8 flush 1096 -> 999 us with 3 stages,
+# fp32 802 -> 780 with 2)
+_TMA = {"flush_tma": True, "maxnreg": 168, "flush_ctas_per_sm": 3}
 _ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
-         "replay-fp32": {"launch": "staged", **_FLUSH, "out_block_v": 16, "out_num_warps": 1,
-                         **_ONE},
-         "split-fp32-fp8": {"launch": "staged", **_FLUSH, "out_block_v": 16,
-                            "out_num_warps": 1, **_ONE, "fast_encode": True},
+         "replay-fp32": {"launch": "staged", **_FLUSH, **_TMA, "out_block_v": 16,
+                         "out_num_warps": 1, **_ONE},
+         "split-fp32-fp8": {"launch": "staged", **_FLUSH, **_TMA, "flush_stages": 3,
+                            "out_block_v": 16, "out_num_warps": 1, **_ONE,
+                            "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
                                 "out_num_warps": 2, **_ONE, "flush_pass": "scratch",
                                 "fast_encode": True},
@@ -62,7 +67,7 @@ OUT_KEYS = ("launch", "out_block_v", "out_num_warps", "out_tiles_per_program", "
             "out_maxnreg", "eager", "prep_num_warps")
 FLUSH_KEYS = ("block_v", "num_warps", "flush_chunk", "flush_stages", "maxnreg",
               "flush_ctas_per_sm", "dot_precision", "flush_licm", "flush_grid", "flush_pass",
-              "fast_encode", "flush_prefetch")
+              "fast_encode", "flush_prefetch", "flush_tma")
 # 32-row tiles over 2 warps hold fewer registers than the defaults (offline sm_90,
 # qwen3.5-4b: fp8 80 against 96, nvfp4 96 against 128)
 _OUT_ALTS = {"replay-fp32": [{"out_block_v": 32, "out_num_warps": 2},
@@ -81,7 +86,9 @@ _FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": False}]
 # but with nvfp4 its scratch is a full fp32 copy of the state, so it stays opt-in; 168
 # registers and 3 programs per SM were the defaults before the 128 / 4 of the third)
 _UNITS = {"flush_grid": "units"}
-_FLUSH_SPLIT = [{"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}]
+# plain loads at 128 registers and 4 programs per SM (the default before the tenth run)
+_NO_TMA = {"flush_tma": False, "maxnreg": 128, "flush_ctas_per_sm": 4, "flush_stages": 2}
+_FLUSH_SPLIT = [_NO_TMA, {"fast_encode": False}]
 # flush programs of 1-2 warps ("num_warps" is the flush launch's in the staged launch),
 # which cut the Mamba-2 fp8 flush 1107 -> 905 us, did not help here (H200, qwen3.5-4b,
 # batch 256, flush us with 4 / 2 (168 registers, 6 per SM) / 1 warps (255, 8 per SM):
@@ -95,7 +102,8 @@ _ONE_WARP = {"num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8}
 # fp32 805 / 784 / 790, fp8 1090 / 1055 / 1055, nvfp4 1256 / 1264 / 1266)
 _PREFETCH = [{"flush_prefetch": 0}, {"flush_prefetch": 2}]
 SWEEP = {
-    "replay-fp32": _PREFETCH + _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS + [_UNITS, _ONE_WARP],
+    "replay-fp32": _PREFETCH + _OUT_ALTS["replay-fp32"][:2] + _FLUSH_ALTS
+    + [_UNITS, _ONE_WARP, _NO_TMA],
     # prep launch (11.7 us of a ~95 us output step, 1.7 waves of 2-warp programs on an
     # H200, Nsight Compute): 1 warp (the default since the fourth run: 156.8 -> 155.0
     # us per step), 2 or 4

@@ -1266,7 +1266,10 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     block per unit of every slot, a full fp32 copy of the state (537 MB at batch 256,
     qwen3.5-4b) against 34 MB for the persistent grid's per-program blocks.  The flush
     prefetches the next chunk into L2 (eighth run, flush us: fp32 805 -> 784, fp8 1090
-    -> 1055; nvfp4 1256 -> 1264, so not there)."""
+    -> 1055; nvfp4 1256 -> 1264, so not there).  A dense checkpoint's chunks come by TMA
+    (``flush_tma``) into flush programs of 168 registers, 3 per SM (tenth run, flush
+    us: fp8 1096 -> 999 with 3 stages, fp32 802 -> 780 with 2; nvfp4 1309 -> 1322, so
+    not there; at 128 registers, 4 per SM, TMA spilled and lost: fp8 1085, fp32 854)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1280,15 +1283,17 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
-    return dict(launch="staged", block_v=V, num_warps=4, maxnreg=128,
-                tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=2, out_maxnreg=0,
-                verify_maxnreg=0, flush_ctas_per_sm=4,
+    tma = checkpoint in _DENSE and not whole
+    return dict(launch="staged", block_v=V, num_warps=4, maxnreg=168 if tma else 128,
+                tiles_per_program=1, stages=1, flush_chunk=16,
+                flush_stages=3 if tma and read == "fp8-e4m3" else 2, out_maxnreg=0,
+                verify_maxnreg=0, flush_ctas_per_sm=3 if tma else 4,
                 out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
                 out_stages=1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
-                flush_prefetch=0 if whole else 1, flush_tma=False)
+                flush_prefetch=0 if whole else 1, flush_tma=tma)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:

@@ -143,9 +143,16 @@ _F2 = dict(flush_rows=16, flush_stages=3, flush_ctas_per_sm=6, flush_maxnreg=168
 # 614 / 648 without, 619 / 675 with it
 _F1_ALTS = [_F1, {**_F1, "evict_first": False}, {**_F1, "flush_prefetch": 0},
             {**_F1, "flush_prefetch": 1}]
+# tenth H200 run (time_split_configs, nano-4b / super-120b, fp8 flush us): the
+# checkpoint's chunks by TMA (flush_tma, the default for 1-byte copies) in two stages 749
+# / 817 against 795-809 / 864-867 with plain loads in one; TMA in one stage 778 / 836,
+# in three 807 / 853; with two stages, no prefetch 781 / 816, two ahead 858 / 876, plain
+# stores 771 / 821; TMA stores of the copies too 970 / 1057 (dropped).  Replay fp32 with
+# TMA 624-654 against 606 (not a candidate)
+_F1T = {**_F1, "flush_stages": 2, "flush_tma": True}
 FLUSH_CANDIDATES: dict[str, list[dict]] = {
     "replay-fp32": _F1_ALTS,
-    "split-fp32-fp8": _F1_ALTS,
+    "split-fp32-fp8": [_F1T, {**_F1T, "flush_prefetch": 0}, {**_F1, "flush_tma": False}],
     # the fast nvfp4 encoder (the default; same bits) measured 2365 -> 2052 us per
     # flush on an H200 (nano-4b); one-pass 64 / 128-row chunks (a whole head, fewer
     # programs per SM) took 4670-5325 us and are no longer tried
