@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .mamba2_kernel import head_consts, tile_inputs
 from .tl_common import (
@@ -186,7 +185,7 @@ def m2_weights_kernel(
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
     N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, pos=None, posted=None,
-    CONC: tl.constexpr = False, PDL: tl.constexpr = False,
+    CONC: tl.constexpr = False,
 ):
     """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
     ``SplitConfig.out_weights="launch"``), a program per (B/C group ``g``, batch row
@@ -199,11 +198,7 @@ def m2_weights_kernel(
 
     ``CONC`` (the flush launch on a second stream): the group-0 programs write the
     rows' ring positions to ``pos`` for the output launch, and every program posts at
-    ``posted`` that it has read its clock (:func:`clocks.advance_clocks_kernel`).
-    ``PDL`` (compiled code, the output launch a programmatic dependent launch): the
-    output launch may start at once; its programs wait for this launch's writes."""
-    if PDL:
-        gdc_launch_dependents()
+    ``posted`` that it has read its clock (:func:`clocks.advance_clocks_kernel`)."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -593,7 +588,6 @@ def m2_out_heads_kernel(
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -604,15 +598,10 @@ def m2_out_heads_kernel(
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
     masked rows; ``SplitConfig.tail_tile``).  ``CONC`` (the flush launch on a second
-    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`.  ``PDL``
-    (compiled code; launched as a programmatic dependent of the weights launch): every
-    program waits for that launch's writes before its first read of ``pos``, ``wts``
-    or the clock."""
+    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
-    if PDL:
-        gdc_wait()
     c = tl.load(pos + b)  # ring position (written by the flush launch); -1: padding
     if PFO > 0:  # the program PFO launches later: its row's slot and position now, its
         nh = tl.num_programs(0)  # L2 prefetch at the end

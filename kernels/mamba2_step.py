@@ -143,10 +143,7 @@ class SplitConfig:
     launches (``mamba2_fast``'s "Concurrent flush"); None = on for CUDA tensors.  On the
     CPU, True runs the flush after the output launch, the order a second stream may
     take.  (Starting the second stream after the weights launch instead lost 0.5-2 us per
-    step on an H200.)  ``out_pdl`` (compiled code, with the weights launch): the output
-    launch is a programmatic dependent launch of the weights launch (it starts while
-    the weights programs run; each output program waits for their writes before it
-    reads them); None = off.
+    step on an H200.)
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -173,7 +170,6 @@ class SplitConfig:
     out_loads_first: bool | None = None
     flush_tma: bool | None = None
     concurrent_flush: bool | None = None
-    out_pdl: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -704,7 +700,6 @@ def launch_split_step(
                         else x.is_cuda)
     if conc:
         cache.posted = device_buffer(cache.posted, 1, x.device, torch.int32, zero=True)
-    pdl = bool(weights and cfg.out_pdl and compiled_on(x.device))
 
     def flush() -> None:
         m2_flush_kernel[(nprog,)](
@@ -736,14 +731,14 @@ def launch_split_step(
             strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
             HPG=triton.next_power_of_2(H // G), RING=ring_id,
             HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, pos=cache.pos,
-            posted=cache.posted if conc else None, CONC=conc, PDL=pdl, num_warps=2)
+            posted=cache.posted if conc else None, CONC=conc, num_warps=2)
 
     if not conc:
         flush()
         if weights:
             weights_launch()
         _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
-                       out, params, D, dtb, strides, wts, weights, ring_id, flags, False, pdl)
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, False)
     elif x.is_cuda:  # the flush and the clock advance on a second stream
         main = torch.cuda.current_stream(x.device)
         if cache.side_stream is None:
@@ -751,24 +746,23 @@ def launch_split_step(
         cache.side_stream.wait_stream(main)
         weights_launch()  # (enqueued first: the clock advance waits for its posts)
         _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
-                       out, params, D, dtb, strides, wts, weights, ring_id, flags, True, pdl)
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, True)
         with torch.cuda.stream(cache.side_stream):
             flush()
         main.wait_stream(cache.side_stream)
     else:  # one stream (CPU): the order a second stream may take, the flush last
         weights_launch()
         _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
-                       out, params, D, dtb, strides, wts, weights, ring_id, flags, True, pdl)
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, True)
         flush()
 
 
 def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
                    read: StateStore | None, ckpt: StateStore, rx, rB, state_indices, x, dt, B,
                    C, zz, out, params: HeadParams, D, dtb, strides, wts, weights: bool,
-                   ring_id: int, flags: dict, conc: bool, pdl: bool = False) -> None:
+                   ring_id: int, flags: dict, conc: bool) -> None:
     """The split step's output launch (``SplitConfig.out_kernel``); ``conc``: the flush
-    launch runs on a second stream and the clocks are left to the clock advance;
-    ``pdl``: a programmatic dependent launch of the weights launch."""
+    launch runs on a second stream and the clocks are left to the clock advance."""
     slots, H, P, N = ckpt.shape
     batch, G = x.shape[0], B.shape[-2]
     L, LR = cache.window, cache.ring_x.shape[1]
@@ -787,8 +781,7 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
-            LOADS_FIRST=cfg.out_loads_first, CONC=conc, PDL=pdl,
-            **({"launch_pdl": True} if pdl else {}), **common)
+            LOADS_FIRST=cfg.out_loads_first, CONC=conc, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)
