@@ -72,7 +72,6 @@ from .tl_common import (
     gate,
     ring_decode,
     ring_load,
-    ring_load_raw,
     ring_round,
     ring_store,
 )
@@ -186,7 +185,7 @@ def m2_weights_kernel(
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
     N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, pos=None, posted=None,
-    CONC: tl.constexpr = False, EAGER: tl.constexpr = False,
+    CONC: tl.constexpr = False,
 ):
     """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
     ``SplitConfig.out_weights="launch"``), a program per (B/C group ``g``, batch row
@@ -199,50 +198,38 @@ def m2_weights_kernel(
 
     ``CONC`` (the flush launch on a second stream): the group-0 programs write the
     rows' ring positions to ``pos`` for the output launch, and every program posts at
-    ``posted`` that it has read its clock (:func:`clocks.advance_clocks_kernel`).
-    The step's inputs are loaded beside the clock; ``EAGER``: the ring's B and dt
-    tiles too (the whole ring, masked to the entries before ``c`` once the clock is
-    in), so the clock's round trip is the only one before them."""
+    ``posted`` that it has read its clock (:func:`clocks.advance_clocks_kernel`)."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
-    live = slot >= 0
-    offs_n = tl.arange(0, N)
-    offs_r = tl.arange(0, RB)
-    hpg = H // G
-    offs_h = tl.arange(0, HPG)
-    mh = offs_h < hpg
-    heads = g * hpg + offs_h
-    win = tl.maximum(slot, 0).to(tl.int64) * LR
-    rB_ptrs = ring_B + (win * G + g) * N + offs_r[:, None] * (G * N) + offs_n[None, :]
-    rdt_ptrs = ring_dt + win * H + heads[:, None] + offs_r[None, :] * H
-    if EAGER:  # every load beside the clock's; entries at or past c are masked after
-        in_ring = (offs_r < LR) & live
-        rB_raw = ring_load_raw(rB_ptrs, in_ring[:, None], RING)
-        rdt_all = tl.load(rdt_ptrs, mask=mh[:, None] & in_ring[None, :], other=0.0)
-    B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
-    C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
-    A_h = tl.load(A_ptr + heads, mask=mh, other=0.0).to(tl.float32)
-    dtb = 0.0
-    if HAS_DT_BIAS:
-        dtb = tl.load(dtb_ptr + heads, mask=mh, other=0.0).to(tl.float32)
-    dt_raw = tl.load(dt_ptr + b * s_dtb + heads, mask=mh, other=0.0)
     c = tl.load(tickets + tl.maximum(slot, 0)) % L
     if CONC:
         if g == 0:
-            tl.store(pos + b, tl.where(live, c, -1))
+            tl.store(pos + b, tl.where(slot >= 0, c, -1))
         tl.atomic_add(posted, 1, sem="release")
-    if live & (c != L - 1):
+    if (slot >= 0) & (c != L - 1):
+        offs_n = tl.arange(0, N)
+        offs_r = tl.arange(0, RB)
+        hpg = H // G
+        win = slot.to(tl.int64) * LR
         mr = offs_r < c
-        if EAGER:
-            rB = tl.where(mr[:, None], ring_decode(rB_raw, RING), 0.0)
-            rdt = tl.where(mr[None, :], rdt_all, 0.0)
-        else:
-            rB = ring_load(rB_ptrs, mr[:, None], RING)
-            rdt = tl.load(rdt_ptrs, mask=mh[:, None] & mr[None, :], other=0.0)
+        rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N) +
+                       offs_n[None, :], mr[:, None], RING)
+        B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
+        C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
         BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
         BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
-        dt = dt_of(dt_raw, dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+        offs_h = tl.arange(0, HPG)
+        mh = offs_h < hpg
+        heads = g * hpg + offs_h
+        A_h = tl.load(A_ptr + heads, mask=mh, other=0.0).to(tl.float32)
+        dtb = 0.0
+        if HAS_DT_BIAS:
+            dtb = tl.load(dtb_ptr + heads, mask=mh, other=0.0).to(tl.float32)
+        dt = dt_of(tl.load(dt_ptr + b * s_dtb + heads, mask=mh, other=0.0), dtb, HAS_DT_BIAS,
+                   DT_SOFTPLUS)
+        rdt = tl.load(ring_dt + win * H + heads[:, None] + offs_r[None, :] * H,
+                      mask=mh[:, None] & mr[None, :], other=0.0)
         at_c = (offs_r == c)[None, :]
         cum = tl.cumsum(tl.where(at_c, dt[:, None], rdt) * A_h[:, None], axis=1)
         last = tl.sum(tl.where(at_c, cum, 0.0), axis=1)

@@ -143,8 +143,7 @@ class SplitConfig:
     launches (``mamba2_fast``'s "Concurrent flush"); None = on for CUDA tensors.  On the
     CPU, True runs the flush after the output launch, the order a second stream may
     take.  (Starting the second stream after the weights launch instead lost 0.5-2 us per
-    step on an H200.)  ``weights_eager``: the weights launch loads the ring's B and dt
-    tiles beside the clock instead of after it.
+    step on an H200.)
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -171,7 +170,6 @@ class SplitConfig:
     out_loads_first: bool | None = None
     flush_tma: bool | None = None
     concurrent_flush: bool | None = None
-    weights_eager: bool = False
 
 
 _SMS: dict[str, int] = {}
@@ -733,8 +731,7 @@ def launch_split_step(
             strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
             HPG=triton.next_power_of_2(H // G), RING=ring_id,
             HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, pos=cache.pos,
-            posted=cache.posted if conc else None, CONC=conc, EAGER=cfg.weights_eager,
-            num_warps=2)
+            posted=cache.posted if conc else None, CONC=conc, num_warps=2)
 
     if not conc:
         flush()

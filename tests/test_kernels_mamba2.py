@@ -322,18 +322,16 @@ def test_concurrent_flush_equals_sequential(ck, rd) -> None:
     (``SplitConfig.concurrent_flush``; on the CPU it runs after them, the order a second
     stream may take): the same outputs, copies and clocks as one stream, with rows at
     staggered ring positions (every step some flush) and a padding row.  The posts are
-    all taken back.  The weights launch's eager ring loads (``weights_eager``) change no
-    bit either."""
+    all taken back."""
     L, batch = 3, 4
     kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=11)
     head = HeadParams(params.A, params.D, params.dt_bias)
     idx = torch.tensor([0, 3, -1, 1], dtype=torch.int32, device=DEV)
     res = []
-    for conc, eager in ((False, False), (True, False), (True, True)):
-        cfg = SplitConfig(concurrent_flush=conc, weights_eager=eager)
+    for conc in (False, True):
         cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
                                      window=L, device=DEV, seed=3, launch="split",
-                                     split_config=cfg)
+                                     split_config=SplitConfig(concurrent_flush=conc))
         cache.load_state(state0(batch))
         stagger_clocks(cache.tickets, L, cache.programs_per_slot)
         ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
