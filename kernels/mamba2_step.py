@@ -733,27 +733,28 @@ def launch_split_step(
             HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, pos=cache.pos,
             posted=cache.posted if conc else None, CONC=conc, num_warps=2)
 
+    def output() -> None:
+        _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, conc)
+
     if not conc:
         flush()
         if weights:
             weights_launch()
-        _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
-                       out, params, D, dtb, strides, wts, weights, ring_id, flags, False)
+        output()
     elif x.is_cuda:  # the flush and the clock advance on a second stream
         main = torch.cuda.current_stream(x.device)
         if cache.side_stream is None:
             cache.side_stream = torch.cuda.Stream(device=x.device)
         cache.side_stream.wait_stream(main)
         weights_launch()  # (enqueued first: the clock advance waits for its posts)
-        _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
-                       out, params, D, dtb, strides, wts, weights, ring_id, flags, True)
+        output()
         with torch.cuda.stream(cache.side_stream):
             flush()
         main.wait_stream(cache.side_stream)
     else:  # one stream (CPU): the order a second stream may take, the flush last
         weights_launch()
-        _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
-                       out, params, D, dtb, strides, wts, weights, ring_id, flags, True)
+        output()
         flush()
 
 
