@@ -44,17 +44,19 @@ SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
                        "verify_launch": "single"}}
 _FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,
           "maxnreg": 128, "flush_ctas_per_sm": 4}
-# dense checkpoints (fp32 here): TMA loads of the chunks, 168 registers, 3 programs per
-# SM (tenth H200 run, qwen3.5-4b, batch 256: fp8 flush 1096 -> 999 us with 3 stages,
-# fp32 802 -> 780 with 2)
-_TMA = {"flush_tma": True, "maxnreg": 168, "flush_ctas_per_sm": 3}
+# dense checkpoints (fp32 here): TMA loads of the chunks (tenth H200 run, qwen3.5-4b,
+# batch 256, flush us: 4-warp programs at 168 registers, 3 per SM: fp8 1096 -> 999 with
+# 3 stages, fp32 802 -> 780 with 2); then fewer warps per program: fp8 in 2 warps (255
+# registers, 4 per SM, 3 stages) 845, fp32 in 1 warp (8 per SM, one stage) 467
+_TMA = {"flush_tma": True, "maxnreg": 255}
 _ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
-         "replay-fp32": {"launch": "staged", **_FLUSH, **_TMA, "out_block_v": 16,
+         "replay-fp32": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
+                         "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 16,
                          "out_num_warps": 1, **_ONE},
-         "split-fp32-fp8": {"launch": "staged", **_FLUSH, **_TMA, "flush_stages": 3,
-                            "out_block_v": 16, "out_num_warps": 1, **_ONE,
-                            "fast_encode": True},
+         "split-fp32-fp8": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 2,
+                            "flush_ctas_per_sm": 4, "flush_stages": 3, "out_block_v": 16,
+                            "out_num_warps": 1, **_ONE, "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
                                 "out_num_warps": 2, **_ONE, "flush_pass": "scratch",
                                 "fast_encode": True},
@@ -86,15 +88,18 @@ _FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": False}]
 # but with nvfp4 its scratch is a full fp32 copy of the state, so it stays opt-in; 168
 # registers and 3 programs per SM were the defaults before the 128 / 4 of the third)
 _UNITS = {"flush_grid": "units"}
-# plain loads at 128 registers and 4 programs per SM (the default before the tenth run)
-_NO_TMA = {"flush_tma": False, "maxnreg": 128, "flush_ctas_per_sm": 4, "flush_stages": 2}
+# plain loads in 4-warp programs at 128 registers, 4 per SM (the default before the
+# tenth run)
+_NO_TMA = {"flush_tma": False, "num_warps": 4, "maxnreg": 128, "flush_ctas_per_sm": 4,
+           "flush_stages": 2}
 _FLUSH_SPLIT = [_NO_TMA, {"fast_encode": False}]
-# flush programs of 1-2 warps ("num_warps" is the flush launch's in the staged launch),
-# which cut the Mamba-2 fp8 flush 1107 -> 905 us, did not help here (H200, qwen3.5-4b,
-# batch 256, flush us with 4 / 2 (168 registers, 6 per SM) / 1 warps (255, 8 per SM):
-# fp32 797 / 846 / 799, fp8 1075 / 1205 / 1286, nvfp4 1256 / 1456 / 2078); the 1-warp
-# fp32 one, a tie, stays in the sweep
-_ONE_WARP = {"num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8}
+# flush programs of 1-2 warps ("num_warps" is the flush launch's in the staged launch)
+# with plain loads did not help (sixth H200 run, qwen3.5-4b, batch 256, flush us with 4
+# / 2 (168 registers, 6 per SM) / 1 warps (255, 8 per SM): fp32 797 / 846 / 799, fp8
+# 1075 / 1205 / 1286, nvfp4 1256 / 1456 / 2078); with TMA loads they do (the defaults
+# above).  Alternatives: fp32 in 1-warp programs, 6 per SM, 2 stages (501 us), fp8 in
+# 2-warp programs with 2 stages (865) or in 1-warp ones (6 per SM, 2 stages: 886)
+_ONE_WARP = {"num_warps": 1, "flush_ctas_per_sm": 6, "flush_stages": 2}
 # alternatives tried at (first model, batch 256, first window).  Tile counts per program
 # assume 2 v-heads per k-head (qwen3.5).
 # L2 prefetch in the flush's chunk loop (the default: one chunk ahead for fp32 and
@@ -107,7 +112,9 @@ SWEEP = {
     # prep launch (11.7 us of a ~95 us output step, 1.7 waves of 2-warp programs on an
     # H200, Nsight Compute): 1 warp (the default since the fourth run: 156.8 -> 155.0
     # us per step), 2 or 4
-    "split-fp32-fp8": _PREFETCH + _OUT_ALTS["split-fp32-fp8"][:2] + [{"prep_num_warps": 2},
+    "split-fp32-fp8": _PREFETCH + _OUT_ALTS["split-fp32-fp8"][:2] + [
+        {"flush_stages": 2}, {"num_warps": 1, "flush_ctas_per_sm": 6, "flush_stages": 2},
+        {"prep_num_warps": 2},
                                                          {"prep_num_warps": 4}]
     + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}],
     "split-fp16sr-nvfp4": _PREFETCH + _OUT_ALTS["split-fp16sr-nvfp4"][:2]

@@ -1267,9 +1267,13 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     qwen3.5-4b) against 34 MB for the persistent grid's per-program blocks.  The flush
     prefetches the next chunk into L2 (eighth run, flush us: fp32 805 -> 784, fp8 1090
     -> 1055; nvfp4 1256 -> 1264, so not there).  A dense checkpoint's chunks come by TMA
-    (``flush_tma``) into flush programs of 168 registers, 3 per SM (tenth run, flush
-    us: fp8 1096 -> 999 with 3 stages, fp32 802 -> 780 with 2; nvfp4 1309 -> 1322, so
-    not there; at 128 registers, 4 per SM, TMA spilled and lost: fp8 1085, fp32 854)."""
+    (``flush_tma``; tenth run, flush us, 4-warp programs: fp8 1096 -> 999 with 168
+    registers, 3 per SM and 3 stages, fp32 802 -> 780; nvfp4 1309 -> 1322, so not
+    there; at 128 registers, 4 per SM, TMA spilled and lost: fp8 1085, fp32 854), which
+    also frees the registers the loads held, so fewer warps per program pay: an fp8
+    copy's flush in 2-warp programs (255 registers, 4 per SM, 3 stages: 845 us), the
+    replay fp32 flush in 1-warp programs (8 per SM, one stage: 467 us; offline sm_90
+    warp-instructions per 16-row chunk 2768 -> 1178, fp8 5080 -> 3664)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1284,10 +1288,18 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     flush_prefetch=0, flush_tma=False)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
     tma = checkpoint in _DENSE and not whole
-    return dict(launch="staged", block_v=V, num_warps=4, maxnreg=168 if tma else 128,
-                tiles_per_program=1, stages=1, flush_chunk=16,
-                flush_stages=3 if tma and read == "fp8-e4m3" else 2, out_maxnreg=0,
-                verify_maxnreg=0, flush_ctas_per_sm=3 if tma else 4,
+    # flush programs (warps, registers, programs per SM, pipeline stages)
+    if tma and read is None:
+        fw, fr, fc, fs = 1, 255, 8, 1
+    elif tma and read == "fp8-e4m3":
+        fw, fr, fc, fs = 2, 255, 4, 3
+    elif tma:
+        fw, fr, fc, fs = 4, 168, 3, 2
+    else:
+        fw, fr, fc, fs = 4, 128, 4, 2
+    return dict(launch="staged", block_v=V, num_warps=fw, maxnreg=fr,
+                tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=fs, out_maxnreg=0,
+                verify_maxnreg=0, flush_ctas_per_sm=fc,
                 out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
                 out_stages=1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
