@@ -46,16 +46,16 @@ _FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,
           "maxnreg": 128, "flush_ctas_per_sm": 4}
 # dense checkpoints (fp32 here): TMA loads of the chunks (tenth H200 run, qwen3.5-4b,
 # batch 256, flush us: 4-warp programs at 168 registers, 3 per SM: fp8 1096 -> 999 with
-# 3 stages, fp32 802 -> 780 with 2); then fewer warps per program: fp8 in 2 warps (255
-# registers, 4 per SM, 3 stages) 845, fp32 in 1 warp (8 per SM, one stage) 467
+# 3 stages, fp32 802 -> 780 with 2); then fewer warps per program: 1 warp, 255
+# registers, 8 per SM, one stage: fp32 467, fp8 743 (in 2 warps, 4 per SM, 3 stages 845)
 _TMA = {"flush_tma": True, "maxnreg": 255}
 _ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
                          "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 16,
                          "out_num_warps": 1, **_ONE},
-         "split-fp32-fp8": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 2,
-                            "flush_ctas_per_sm": 4, "flush_stages": 3, "out_block_v": 16,
+         "split-fp32-fp8": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
+                            "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 16,
                             "out_num_warps": 1, **_ONE, "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
                                 "out_num_warps": 2, **_ONE, "flush_pass": "scratch",
@@ -113,7 +113,8 @@ SWEEP = {
     # H200, Nsight Compute): 1 warp (the default since the fourth run: 156.8 -> 155.0
     # us per step), 2 or 4
     "split-fp32-fp8": _PREFETCH + _OUT_ALTS["split-fp32-fp8"][:2] + [
-        {"flush_stages": 2}, {"num_warps": 1, "flush_ctas_per_sm": 6, "flush_stages": 2},
+        {"num_warps": 2, "flush_ctas_per_sm": 4, "flush_stages": 3},
+        {"num_warps": 1, "flush_ctas_per_sm": 6, "flush_stages": 2},
         {"prep_num_warps": 2},
                                                          {"prep_num_warps": 4}]
     + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}],

@@ -1270,10 +1270,11 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     (``flush_tma``; tenth run, flush us, 4-warp programs: fp8 1096 -> 999 with 168
     registers, 3 per SM and 3 stages, fp32 802 -> 780; nvfp4 1309 -> 1322, so not
     there; at 128 registers, 4 per SM, TMA spilled and lost: fp8 1085, fp32 854), which
-    also frees the registers the loads held, so fewer warps per program pay: an fp8
-    copy's flush in 2-warp programs (255 registers, 4 per SM, 3 stages: 845 us), the
-    replay fp32 flush in 1-warp programs (8 per SM, one stage: 467 us; offline sm_90
-    warp-instructions per 16-row chunk 2768 -> 1178, fp8 5080 -> 3664)."""
+    also frees the registers the loads held, so fewer warps per program pay: the
+    replay fp32 and fp8-copy flushes in 1-warp programs (255 registers, 8 per SM, one
+    stage: fp32 467 us, fp8 743; fp8 in 2-warp programs, 4 per SM, 3 stages: 845;
+    offline sm_90 warp-instructions per 16-row chunk: fp32 2768 -> 1178, fp8 5080 ->
+    3057)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1292,7 +1293,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     if tma and read is None:
         fw, fr, fc, fs = 1, 255, 8, 1
     elif tma and read == "fp8-e4m3":
-        fw, fr, fc, fs = 2, 255, 4, 3
+        fw, fr, fc, fs = 1, 255, 8, 1
     elif tma:
         fw, fr, fc, fs = 4, 168, 3, 2
     else:
