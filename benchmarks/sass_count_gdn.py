@@ -59,11 +59,15 @@ def loop_bodies(text: str) -> list[int]:
 DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
            "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
 # flush variants: (label, GDNReplayCache keywords over the large-batch defaults, which
-# are the integer-rounding encoders, the nvfp4 scratch pass and the persistent grid)
+# are the integer-rounding encoders, the nvfp4 scratch pass, the persistent grid and,
+# for fp32 checkpoints, TMA loads into 1-warp programs)
 FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
          ("units", {"flush_grid": "units"}),
          ("168 registers, 3 per SM", {"maxnreg": 168, "flush_ctas_per_sm": 3}),
-         ("tma", {"flush_tma": True}), ("tma 3 stages", {"flush_tma": True, "flush_stages": 3})]
+         ("4 warps, plain loads", {"num_warps": 4, "maxnreg": 128, "flush_ctas_per_sm": 4,
+                                   "flush_stages": 2, "flush_tma": False}),
+         ("4 warps, tma", {"num_warps": 4, "maxnreg": 168, "flush_ctas_per_sm": 3,
+                           "flush_stages": 2, "flush_tma": True})]
 FLUSH_NVFP4 = [("recompute", {"flush_pass": "recompute"}),
                ("recompute+reference", {"flush_pass": "recompute", "fast_encode": False})]
 
