@@ -44,7 +44,11 @@ repeated squaring once per unit), and the rank-L fold ``S = e^{c_L} S_c + (w D) 
 tensor-core passes, ~fp32 accuracy), "tf32x3" or "ieee"; the small ``(RP, RP)``
 ones in ieee fp32.  An nvfp4 copy needs its whole matrix's amax before it can
 encode: its flush units are whole matrices with two passes over the chunks (the
-first only for the amax; the recompute reads L2-hot data).
+first only for the amax; the recompute reads L2-hot data).  ``flush_tma``: a dense
+checkpoint's chunks arrive by TMA (tensor-descriptor bulk copies into shared memory,
+issued ahead by the chunk loop's pipeline), which leaves the loads out of the
+registers and lets one warp hold a whole unit (the staged default for an fp32
+checkpoint with no read copy or an fp8 one).
 
 Launch modes of a step: ``"fused"`` -- one launch; a flushing slot's programs run
 the output loop (results unused) and then flush their own tiles; ``"split"`` -- a
@@ -58,7 +62,8 @@ On a GPU the staged flush launch runs on a second stream beside the other two
 (``concurrent_flush``): they touch disjoint rows, and as either the flush or the prep
 launch may run first, the prep programs then only post that they have read their
 clocks, and a one-program launch after the flush on its stream advances the clocks
-once both launches have read them.
+once both launches have read them (``clocks.advance_clocks_kernel``, shared with the
+Mamba-2 split step).
 
 **Verify** (T drafts from one read of the stored copy, kept packed in registers):
 draft j is an output step at ring position ``n + j``; drafts 0..j-1 join the
