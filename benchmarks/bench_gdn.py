@@ -69,7 +69,7 @@ OUT_KEYS = ("launch", "out_block_v", "out_num_warps", "out_tiles_per_program", "
             "out_maxnreg", "eager", "prep_num_warps")
 FLUSH_KEYS = ("block_v", "num_warps", "flush_chunk", "flush_stages", "maxnreg",
               "flush_ctas_per_sm", "dot_precision", "flush_licm", "flush_grid", "flush_pass",
-              "fast_encode", "flush_prefetch", "flush_tma")
+              "fast_encode", "flush_prefetch", "flush_tma", "hw_fp8")
 # 32-row tiles over 2 warps hold fewer registers than the defaults (offline sm_90,
 # qwen3.5-4b: fp8 80 against 96, nvfp4 96 against 128)
 _OUT_ALTS = {"replay-fp32": [{"out_block_v": 32, "out_num_warps": 2},
@@ -113,6 +113,9 @@ SWEEP = {
     # H200, Nsight Compute): 1 warp (the default since the fourth run: 156.8 -> 155.0
     # us per step), 2 or 4
     "split-fp32-fp8": _PREFETCH + _OUT_ALTS["split-fp32-fp8"][:2] + [
+        # the fp8 copy by the hardware conversion (offline sm_90: 3051 -> 2036
+        # instructions per chunk; not yet timed)
+        {"hw_fp8": True},
         {"num_warps": 2, "flush_ctas_per_sm": 4, "flush_stages": 3},
         {"num_warps": 1, "flush_ctas_per_sm": 6, "flush_stages": 2},
         {"prep_num_warps": 2},

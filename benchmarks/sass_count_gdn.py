@@ -67,7 +67,8 @@ FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
          ("4 warps, plain loads", {"num_warps": 4, "maxnreg": 128, "flush_ctas_per_sm": 4,
                                    "flush_stages": 2, "flush_tma": False}),
          ("4 warps, tma", {"num_warps": 4, "maxnreg": 168, "flush_ctas_per_sm": 3,
-                           "flush_stages": 2, "flush_tma": True})]
+                           "flush_stages": 2, "flush_tma": True}),
+         ("hw fp8", {"hw_fp8": True})]
 FLUSH_NVFP4 = [("recompute", {"flush_pass": "recompute"}),
                ("recompute+reference", {"flush_pass": "recompute", "fast_encode": False})]
 
@@ -119,6 +120,8 @@ def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dic
             for fn, args, kw in step_calls(model, ck, rd, cfg):
                 nm = _name(fn)
                 if nm == "_flush_kernel" and only in (None, "flush"):
+                    if cfg.get("hw_fp8"):  # compiled code only: the CPU call leaves it off
+                        kw = {**kw, "HW": True}
                     out.append((f"{d} flush {label}", fn, args, kw))
                 elif nm != "_flush_kernel" and label == "default" and only in (None, "output"):
                     out.append((f"{d} {nm.strip('_')}", fn, args, kw))

@@ -106,14 +106,17 @@ from .tl_formats import (
     FMT_FP16_SR,
     FMT_NONE,
     K_BF16_SR,
+    K_FP8,
     K_FP16_SR,
     K_FP32,
     K_NONE,
     K_NVFP4,
     compiled_on,
     decode_tile,
+    fp8_encode_hw,
     load_state,
     matrix_amax,
+    store_codes,
     store_state,
     store_state_with,
 )
@@ -309,7 +312,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
                 NOLICM: tl.constexpr = True, scr=None, SCRATCH: tl.constexpr = False,
                 FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
-                TMA: tl.constexpr = False):
+                TMA: tl.constexpr = False, HW: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -326,7 +329,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     so the same bits).  FAST: ``tl_formats.encode_tile_with(..., FAST=True)`` encoders.
     PF (compiled code only): L2 prefetch of the first PF chunks before the set-up, then
     of the chunk PF ahead at the top of every chunk.  TMA: the checkpoint rows through
-    the tensor descriptor ``ck_desc`` (:func:`_fold_chunk`)."""
+    the tensor descriptor ``ck_desc`` (:func:`_fold_chunk`).  HW: an fp8 read copy by
+    the hardware conversion (:func:`_write_rows`)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -371,7 +375,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
         if AMAX:
             amax = matrix_amax(Sn)
         _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
-                    offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST)
+                    offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST,
+                    HW)
     elif AMAX and SCRATCH:
         offs_k = tl.arange(0, K)
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
@@ -386,7 +391,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             tl.store(scr + (offs_v - v0)[:, None] * K + offs_k[None, :], Sn)
             _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, not C4,
-                        not F4, FAST)
+                        not F4, FAST, HW)
         tl.debug_barrier()  # the scratch rows are read back by other threads
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
             offs_v = v0 + c * FB + tl.arange(0, FB)
@@ -412,7 +417,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                              STEP, DOT, ck_desc, TMA, v0 + c * FB)
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True,
-                        FAST)
+                        FAST, HW)
 
 
 @triton.jit
@@ -420,9 +425,11 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
                 q, seed, t, K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr,
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, STEP: tl.constexpr,
                 FRESH: tl.constexpr, W_C: tl.constexpr = True, W_F: tl.constexpr = True,
-                FAST: tl.constexpr = False):
+                FAST: tl.constexpr = False, HW: tl.constexpr = False):
     """Store fresh rows: the fp32 state (FRESH), the checkpoint (W_C; SR seed), the read
-    copy (W_F; seed + 1) and, for a step flush, the step's output ``S q``."""
+    copy (W_F; seed + 1) and, for a step flush, the step's output ``S q``.  HW (compiled
+    code only): an fp8 read copy by the hardware conversion
+    (``tl_formats.fp8_encode_hw``, the same bits)."""
     mrow = offs_v < V
     if FRESH:
         offs_k = tl.arange(0, K)
@@ -430,7 +437,10 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
     if W_C:
         store_state_with(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT,
                          FB, K, FAST)
-    if W_F and (F_FMT != K_NONE):
+    if W_F and HW and (F_FMT == K_FP8):
+        codes, s1 = fp8_encode_hw(Sn)
+        store_codes(f_data, f_s1, f_s2, codes, s1, 0.0, mat, offs_v, mrow, V, F_FMT, FB, K)
+    elif W_F and (F_FMT != K_NONE):
         store_state_with(f_data, f_s1, f_s2, Sn, mat, offs_v, mrow, V, seed + 1, t, amax,
                          F_FMT, FB, K, FAST)
     if STEP:
@@ -804,7 +814,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                 F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
                 COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
                 SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0,
-                ck_desc=None, TMA: tl.constexpr = False):
+                ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False):
     """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
     hk = h // (HV // HK)
     mat = slot.to(tl.int64) * HV + h
@@ -813,7 +823,8 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
         _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                     ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
                     0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                    RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA)
+                    RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
+                    HW)
     else:
         q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                 K, RING)
@@ -822,7 +833,8 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
                     out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                     beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                    RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA)
+                    RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
+                    HW)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
@@ -836,7 +848,7 @@ def _flush_kernel(
     C_FMT: tl.constexpr, F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
     COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
     UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
-    PF: tl.constexpr = 0, ck_desc=None, TMA: tl.constexpr = False,
+    PF: tl.constexpr = 0, ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -877,7 +889,7 @@ def _flush_kernel(
                         fresh, scr + (sl0.to(tl.int64) * (HV * NU) + u) * (BVF * K), seed,
                         bidx, sl0, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP, LOG2RP,
                         C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST, PF,
-                        ck_desc, TMA)
+                        ck_desc, TMA, HW)
     else:
         pid = tl.program_id(0)
         G = tl.num_programs(0)
@@ -920,7 +932,7 @@ def _flush_kernel(
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
                         scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
                         LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST,
-                        PF, ck_desc, TMA)
+                        PF, ck_desc, TMA, HW)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
             u += G
@@ -1291,7 +1303,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_stages=1, eager=True, prep_num_warps=2,
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
-                    flush_prefetch=0, flush_tma=False)
+                    flush_prefetch=0, flush_tma=False, hw_fp8=False)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
     tma = checkpoint in _DENSE and not whole
     # flush programs (warps, registers, programs per SM, pipeline stages)
@@ -1311,7 +1323,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
-                flush_prefetch=0 if whole else 1, flush_tma=tma)
+                flush_prefetch=0 if whole else 1, flush_tma=tma, hw_fp8=False)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1431,6 +1443,10 @@ class GDNReplayCache:
     * ``flush_tma``: the staged flush launch loads a dense checkpoint's (fp32 or 16-bit)
       chunks through a tensor descriptor (TMA bulk copies into shared memory on Hopper,
       issued ahead by the chunk loop's ``flush_stages``-deep pipeline).  Default off.
+    * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
+      conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
+      the Mamba-2 flush, the same bits).  Default off (offline sm_90 it cuts the fp8
+      flush's chunk loop from 3051 to 2036 instructions; not yet timed).
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.
@@ -1460,6 +1476,7 @@ class GDNReplayCache:
         flush_grid: str | None = None, flush_pass: str | None = None,
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
+        hw_fp8: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1490,7 +1507,7 @@ class GDNReplayCache:
                      prep_num_warps=prep_num_warps, verify_launch=verify_launch,
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
-                     flush_prefetch=flush_prefetch, flush_tma=flush_tma,
+                     flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -1516,6 +1533,7 @@ class GDNReplayCache:
         if self.flush_prefetch < 0:
             raise ValueError(f"flush_prefetch must be >= 0, got {self.flush_prefetch}")
         self.flush_tma = bool(cfg["flush_tma"])
+        self.hw_fp8 = bool(cfg["hw_fp8"])
         if self.flush_tma and (self.launch != "staged" or checkpoint not in _DENSE):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(_DENSE)}), got launch {self.launch!r}, checkpoint "
@@ -1785,7 +1803,8 @@ class GDNReplayCache:
             self.flush_grid == "units", scr is not None, self.fast_encode,
             self.flush_prefetch if compiled_on(q.device) else 0,
             self._checkpoint_descriptor() if self.flush_tma else None, self.flush_tma,
-            num_warps=self.num_warps, maxnreg=self.maxnreg,
+            self.hw_fp8 and compiled_on(q.device), num_warps=self.num_warps,
+            maxnreg=self.maxnreg,
         )
         if concurrent:  # after every flush program has read its clocks
             self.compiled["advance"] = advance_clocks_kernel[(1,)](

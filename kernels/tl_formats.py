@@ -558,6 +558,24 @@ def _store_ev(ptrs, value, mask, EVICT: tl.constexpr):
 
 
 @triton.jit
+def fp8_encode_hw(S):
+    """:func:`encode_tile` for fp8-e4m3 (same bits: row scale ``amax / 448`` and
+    ``S / scale`` by IEEE division, clamped to +-448, RNE; non-finite -> 0x7F) with the
+    hardware conversion (``cvt.rn.satfinite.e4m3x2.f32``, which also does the clamp:
+    finite values past 448 saturate) instead of the integer rounding.  Compiled code
+    only: the Triton interpreter's fp8 cast does not round to nearest even."""
+    fin = tl.abs(S) < float("inf")
+    amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
+    s1 = tl.math.div_rn(amax, 448.0)
+    y = div_shared(S, tl.where(s1 > 0, s1, 1.0)[:, None])
+    # non-finite elements as a positive NaN before the conversion (which gives 0x7F):
+    # one float select per element instead of one on the packed bytes
+    y = tl.where(fin, y, float("nan"))
+    c = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    return c, s1
+
+
+@triton.jit
 def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
                FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
     """Load the stored pieces of rows ``offs_p`` of state matrix ``mat`` (int64 scalar).

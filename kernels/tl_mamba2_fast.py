@@ -44,6 +44,7 @@ from .tl_formats import (
     e8m0_value,
     element_index,
     encode_tile,
+    fp8_encode_hw,
     fp16_bits_to_f32,
     fp16_rne_bits,
     sr_bits,
@@ -111,24 +112,6 @@ def fold_dot(x, w, b, acc, EXACT_B: tl.constexpr):
         r = tl.dot(a_hi, b_lo, acc=r, input_precision="tf32")
         r = tl.dot(a_hi, b_hi, acc=r, input_precision="tf32")
     return r
-
-
-@triton.jit
-def fp8_encode_hw(S):
-    """``tl_formats.encode_tile`` for fp8-e4m3 (same bits: row scale ``amax / 448`` and
-    ``S / scale`` by IEEE division, clamped to +-448, RNE; non-finite -> 0x7F) with the
-    hardware conversion (``cvt.rn.satfinite.e4m3x2.f32``, which also does the clamp:
-    finite values past 448 saturate) instead of the integer rounding.  Compiled code
-    only: the Triton interpreter's fp8 cast does not round to nearest even."""
-    fin = tl.abs(S) < float("inf")
-    amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
-    s1 = tl.math.div_rn(amax, 448.0)
-    y = div_shared(S, tl.where(s1 > 0, s1, 1.0)[:, None])
-    # non-finite elements as a positive NaN before the conversion (which gives 0x7F):
-    # one float select per element instead of one on the packed bytes
-    y = tl.where(fin, y, float("nan"))
-    c = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-    return c, s1
 
 
 @triton.jit

@@ -604,6 +604,23 @@ def test_flush_tma_changes_no_bit(ck, rd) -> None:
     assert_runs_same_bits(res)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="the hardware fp8 conversion is compiled code")
+def test_hw_fp8_encoder_changes_no_bit() -> None:
+    """The staged flush's fp8 read copy by the hardware conversion (``hw_fp8``) has the
+    bits of the integer-rounding encoder, and the outputs are unchanged."""
+    B, L = 3, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=9)
+    idx = torch.arange(B, dtype=torch.int32, device=DEV)
+    res = []
+    for hw in (False, True):
+        cache = GDNReplayCache(B, HK, HV, K, V, window=L, read="fp8-e4m3", device=DEV, seed=2,
+                               launch="staged", hw_fp8=hw)
+        cache.reset(state0(B))
+        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
+        res.append(outs + cache.ckpt.tensors() + cache.read.tensors())
+    assert_runs_same_bits(res)
+
+
 @pytest.mark.parametrize("kw", [dict(checkpoint="nvfp4"), dict(launch="fused")])
 def test_flush_tma_rejects_what_it_cannot_load(kw) -> None:
     with pytest.raises(ValueError, match="flush_tma needs the staged launch"):
