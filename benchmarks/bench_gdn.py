@@ -121,9 +121,17 @@ SWEEP = {
         {"prep_num_warps": 2},
                                                          {"prep_num_warps": 4}]
     + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}],
+    # TMA loads of the fp16-sr checkpoint in 1- or 2-warp programs of one stage (offline
+    # sm_90, warp-instructions per chunk over both passes: 8372 with the default, 5889
+    # with 1 warp (240 bytes of spill), 6428 with 2; not yet timed; 2 warps with plain
+    # loads took 1614 against 1296 us)
     "split-fp16sr-nvfp4": _PREFETCH + _OUT_ALTS["split-fp16sr-nvfp4"][:2]
     + [{"flush_licm": True}, {"flush_pass": "recompute"}, {**_UNITS, "flush_ctas_per_sm": 3},
-       {"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False}],
+       {"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False},
+       {"flush_tma": True, "num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8,
+        "flush_stages": 1},
+       {"flush_tma": True, "num_warps": 2, "maxnreg": 255, "flush_ctas_per_sm": 4,
+        "flush_stages": 1}],
     # staged-dot: all drafts' reductions of a state tile as one tensor-core product
     # (593 -> 328 us against "staged" in the first timed sweep)
     "verify-T4": [{"verify_launch": "staged", "verify_block_v": 32, "verify_num_warps": 2},
