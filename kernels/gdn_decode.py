@@ -77,7 +77,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .clocks import advance_clocks_kernel
 from .codec import as_int32
@@ -87,7 +86,7 @@ from .gdn_extra import (
     qk_at,
     tile_dots,
 )
-from .state import StateStore
+from .state import DENSE_FORMATS, StateStore
 from .tl_common import (
     RING_BF16,
     RING_FP16,
@@ -128,8 +127,6 @@ _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
 DOT_PRECISIONS = ("tf32x2", "tf32x3", "ieee")
 LAUNCHES = ("fused", "split", "staged")
 FLUSH_GRIDS = ("persistent", "units")
-_DENSE = ("fp32", "bf16", "fp16", "bf16-sr", "fp16-sr")
-"""Checkpoint formats stored as one plain (rows, K) array (``flush_tma``)."""
 VERIFY_LAUNCHES = ("single", "staged", "staged-dot")
 FLUSH_PASSES = ("recompute", "scratch")
 
@@ -1305,7 +1302,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
-    tma = checkpoint in _DENSE and not whole
+    tma = checkpoint in DENSE_FORMATS and not whole
     # flush programs (warps, registers, programs per SM, pipeline stages)
     if tma and read is None:
         fw, fr, fc, fs = 1, 255, 8, 1
@@ -1534,11 +1531,10 @@ class GDNReplayCache:
             raise ValueError(f"flush_prefetch must be >= 0, got {self.flush_prefetch}")
         self.flush_tma = bool(cfg["flush_tma"])
         self.hw_fp8 = bool(cfg["hw_fp8"])
-        if self.flush_tma and (self.launch != "staged" or checkpoint not in _DENSE):
+        if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
-                             f"({', '.join(_DENSE)}), got launch {self.launch!r}, checkpoint "
-                             f"{checkpoint!r}")
-        self._ck_desc = None
+                             f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
+                             f"checkpoint {checkpoint!r}")
         self._side: torch.cuda.Stream | None = None
         if self.flush_grid not in FLUSH_GRIDS:
             raise ValueError(f"flush_grid must be one of {FLUSH_GRIDS}, got {self.flush_grid!r}")
@@ -1601,15 +1597,6 @@ class GDNReplayCache:
         self.fresh = (torch.zeros(shape, dtype=torch.float32, device=device) if keep_fresh
                       else None)
         """fp32 state of each slot's last flush (``keep_fresh=True``), for inspection."""
-
-    def _checkpoint_descriptor(self) -> TensorDescriptor:
-        """Tensor descriptor of the checkpoint's rows, ``(slots * HV * V, K)``, in blocks
-        of ``flush_chunk`` rows (``flush_tma``)."""
-        if self._ck_desc is None:
-            codes = self.ckpt.codes
-            self._ck_desc = TensorDescriptor.from_tensor(codes.view(-1, self.K),
-                                                         [self.FB, self.K])
-        return self._ck_desc
 
     def _staged_scratch(self, B: int, device) -> tuple[torch.Tensor, ...]:
         """The staged launch's per-step buffers: prepared q, k per (row, k-head); ring
@@ -1802,7 +1789,7 @@ class GDNReplayCache:
             self.ring_id, self.fresh is not None, commit, self.dot, not self.flush_licm,
             self.flush_grid == "units", scr is not None, self.fast_encode,
             self.flush_prefetch if compiled_on(q.device) else 0,
-            self._checkpoint_descriptor() if self.flush_tma else None, self.flush_tma,
+            self.ckpt.rows_descriptor(self.FB) if self.flush_tma else None, self.flush_tma,
             self.hw_fp8 and compiled_on(q.device), num_warps=self.num_warps,
             maxnreg=self.maxnreg,
         )

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .clocks import advance_clocks_kernel
 from .codec import as_int32
@@ -27,25 +26,14 @@ from .mamba2_fast import (
     m2_weights_kernel,
 )
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
-from .state import StateStore
+from .state import DENSE_FORMATS, StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
-from .tl_formats import (
-    FMT_BF16,
-    FMT_BF16_SR,
-    FMT_FP16,
-    FMT_FP16_SR,
-    FMT_FP32,
-    FMT_NVFP4,
-    compiled_on,
-    format_id,
-)
+from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
 
 _RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
           "fp8-e4m3": 1.0, "nvfp4": 0.5, "mxfp4": 0.5}
 _BYTES_BY_ID = {format_id(name): b for name, b in _BYTES.items()}
-_DENSE_IDS = (FMT_FP32, FMT_BF16, FMT_FP16, FMT_BF16_SR, FMT_FP16_SR)
-"""Checkpoint formats stored as one plain (rows, N) array (no scales)."""
 _ARANGE: dict[tuple[int, str], torch.Tensor] = {}
 FLUSH_ROWS = 16
 """Rows per flush chunk (the M of the fold's tensor-core dot: at least 16)."""
@@ -225,8 +213,6 @@ class Mamba2Cache:
     """Posts of the weights launch's programs for the clock advance (concurrent flush)."""
     side_stream: torch.cuda.Stream | None = None
     """The concurrent flush's stream."""
-    descriptors: dict = field(default_factory=dict)
-    """Tensor descriptors of the stores' rows (``SplitConfig.flush_tma``), by buffer."""
 
     @classmethod
     def allocate(
@@ -523,7 +509,7 @@ def _tail_rows(tail_tile: bool | None, P: int, bp: int, rd_id: int) -> int:
 
 
 def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
-                    need_amax: bool, ck_id: int = FMT_FP32) -> SplitConfig:
+                    need_amax: bool, ck_dense: bool = True) -> SplitConfig:
     """Fill the None fields of a split launch configuration.  Defaults (the H200
     sweeps at batch 256, L = 16, nemotron-3-nano-4b / -super-120b shapes): an fp32 or
     16-bit read copy streams through the "group" output kernel (4 warps, 4 heads per
@@ -587,7 +573,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if loads_first and full > 2:
         raise ValueError(f"out_loads_first takes at most 2 tiles per head besides a tail "
                          f"tile, got headdim {P} in {bp}-row tiles")
-    tma_ok = ck_id in _DENSE_IDS and P % cfg.flush_rows == 0
+    tma_ok = ck_dense and P % cfg.flush_rows == 0
     if cfg.flush_tma and not tma_ok:
         raise ValueError(f"flush_tma needs a dense checkpoint (fp32 or 16-bit) and headdim "
                          f"a multiple of flush_rows, got headdim {P}, flush_rows "
@@ -626,17 +612,6 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                                  if kind == "heads" and narrow else 0))
 
 
-def _rows_descriptor(cache: Mamba2Cache, store: StateStore, rows: int) -> TensorDescriptor:
-    """Tensor descriptor of a store's codes as rows, ``(slots * H * P, N)``, in blocks
-    of ``rows`` (``SplitConfig.flush_tma``); kept with the cache."""
-    codes = store.codes
-    key = (codes.data_ptr(), tuple(codes.shape), codes.dtype, rows)
-    if key not in cache.descriptors:
-        flat = codes.view(-1, codes.shape[-1])
-        cache.descriptors[key] = TensorDescriptor.from_tensor(flat, [rows, codes.shape[-1]])
-    return cache.descriptors[key]
-
-
 def launch_split_step(
     cache: Mamba2Cache,
     x: torch.Tensor,
@@ -669,7 +644,7 @@ def launch_split_step(
     ring_id = _RING_IDS[cache.ring_x.dtype]
     need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
     cfg = _split_defaults(config or cache.split_config, P, N, H, G, rd.fmt_id, need_amax,
-                          ckpt.fmt_id)
+                          ckpt.fmt in DENSE_FORMATS)
     rx, rB = cache.ring_x, cache.ring_B
     if ring_id != RING_FP32:
         rx, rB = rx.view(torch.int16), rB.view(torch.int16)
@@ -701,6 +676,8 @@ def launch_split_step(
     if conc:
         cache.posted = device_buffer(cache.posted, 1, x.device, torch.int32, zero=True)
 
+    bp_rows = max(16, triton.next_power_of_2(batch))  # the batch's rows as one vector
+
     def flush() -> None:
         m2_flush_kernel[(nprog,)](
             *ckpt.kernel_args(), *rd.kernel_args(),
@@ -709,7 +686,7 @@ def launch_split_step(
             x, dt, B, C, zz, out, params.A, D, dtb,
             as_int32(cache.seed), as_int32(cache.seed + 1), *strides,
             batch, H, G, P, L, LR,
-            N=N, BP=max(16, triton.next_power_of_2(batch)), FB=fb, NQ=nq, UPH=uph, RB=RB,
+            N=N, BP=bp_rows, FB=fb, NQ=nq, UPH=uph, RB=RB,
             NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id,
             SPLIT=read is not None, RING=ring_id, WRITE_FRESH=cache.fresh is not None,
             NEED_AMAX=need_amax, HW_CVT=compiled_on(x.device),
@@ -717,13 +694,12 @@ def launch_split_step(
             scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
             PF=min(cfg.flush_prefetch, nq) if compiled_on(x.device) else 0,
             EV=cfg.evict_first, TMA=cfg.flush_tma,
-            ck_desc=_rows_descriptor(cache, ckpt, fb) if cfg.flush_tma else None, CONC=conc,
+            ck_desc=ckpt.rows_descriptor(fb) if cfg.flush_tma else None, CONC=conc,
             num_warps=cfg.flush_warps, **flags, **extra,
         )
         if conc:  # once every weights program has read its clock
             advance_clocks_kernel[(1,)](cache.posted, cache.tickets, state_indices, batch,
-                                        POSTS=G, STEP=1,
-                                        BP=max(16, triton.next_power_of_2(batch)), num_warps=4)
+                                        POSTS=G, STEP=1, BP=bp_rows, num_warps=4)
 
     def weights_launch() -> None:
         m2_weights_kernel[(G, batch)](

@@ -9,9 +9,10 @@ decoded by the torch formats and compared bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from precisionlab import formats
 
@@ -19,6 +20,8 @@ from .tl_formats import FMT_FP8, FMT_MXFP4, FMT_NVFP4, format_id
 
 _CODE_DTYPE = {"fp32": torch.float32, "bf16": torch.int16, "fp16": torch.int16,
                "bf16-sr": torch.int16, "fp16-sr": torch.int16}
+DENSE_FORMATS = tuple(_CODE_DTYPE)
+"""Formats stored as one plain ``(..., rows, cols)`` array, without scales."""
 
 
 @dataclass
@@ -34,6 +37,7 @@ class StateStore:
     codes: torch.Tensor
     s1: torch.Tensor | None = None
     s2: torch.Tensor | None = None
+    _descriptors: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def fmt_id(self) -> int:
@@ -122,6 +126,20 @@ class StateStore:
         """``(codes, s1, s2)`` for a kernel launch (missing scales alias ``codes``)."""
         return (self.codes, self.s1 if self.s1 is not None else self.codes,
                 self.s2 if self.s2 is not None else self.codes)
+
+    def rows_descriptor(self, block_rows: int) -> TensorDescriptor:
+        """Tensor descriptor of a dense store's codes as one ``(slots * heads * rows,
+        cols)`` array in blocks of ``block_rows`` rows (the flushes' TMA loads); built
+        once per buffer and block."""
+        if self.fmt not in DENSE_FORMATS:
+            raise ValueError(f"a {self.fmt} store is not one plain array of rows")
+        codes = self.codes
+        key = (codes.data_ptr(), block_rows)
+        if key not in self._descriptors:
+            cols = codes.shape[-1]
+            self._descriptors[key] = TensorDescriptor.from_tensor(codes.view(-1, cols),
+                                                                  [block_rows, cols])
+        return self._descriptors[key]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
