@@ -544,6 +544,10 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     for name in ("flush_prefetch", "out_prefetch"):
         if (getattr(cfg, name) or 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    for name in ("tail_tile", "evict_first", "out_loads_first", "flush_tma",
+                 "concurrent_flush"):
+        if getattr(cfg, name) not in (None, True, False):
+            raise ValueError(f"{name} must be true, false or unset, got {getattr(cfg, name)!r}")
     if kind not in ("heads", "tiles", "group"):
         raise ValueError(f"out_kernel must be 'heads', 'tiles' or 'group', got {kind!r}")
     if kind == "group":

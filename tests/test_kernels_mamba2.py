@@ -379,7 +379,8 @@ def test_concurrent_flush_in_a_graph() -> None:
     assert_runs_same_bits(res)
 
 
-@pytest.mark.parametrize("field", ["out_weights", "flush_pass"])
+@pytest.mark.parametrize("field", ["out_weights", "flush_pass", "flush_tma", "concurrent_flush",
+                                   "evict_first"])
 def test_split_config_rejects_unknown_values(field: str) -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
                                  read_format="nvfp4", window=2, device=DEV, launch="split",
