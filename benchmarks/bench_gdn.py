@@ -47,7 +47,8 @@ _FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,
 # dense checkpoints (fp32 here): TMA loads of the chunks (tenth H200 run, qwen3.5-4b,
 # batch 256, flush us: 4-warp programs at 168 registers, 3 per SM: fp8 1096 -> 999 with
 # 3 stages, fp32 802 -> 780 with 2); then fewer warps per program: 1 warp, 255
-# registers, 8 per SM, one stage: fp32 467, fp8 743 (in 2 warps, 4 per SM, 3 stages 845)
+# registers, 8 per SM, one stage: fp32 467, fp8 743 (in 2 warps, 4 per SM, 3 stages 845);
+# the fp8 copy by the hardware conversion (eleventh run: 749 -> 609)
 _TMA = {"flush_tma": True, "maxnreg": 255}
 _ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
@@ -56,7 +57,8 @@ LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
                          "out_num_warps": 1, **_ONE},
          "split-fp32-fp8": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
                             "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 16,
-                            "out_num_warps": 1, **_ONE, "fast_encode": True},
+                            "out_num_warps": 1, **_ONE, "fast_encode": True,
+                            "hw_fp8": True},
          "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
                                 "out_num_warps": 2, **_ONE, "flush_pass": "scratch",
                                 "fast_encode": True},
@@ -113,9 +115,9 @@ SWEEP = {
     # H200, Nsight Compute): 1 warp (the default since the fourth run: 156.8 -> 155.0
     # us per step), 2 or 4
     "split-fp32-fp8": _PREFETCH + _OUT_ALTS["split-fp32-fp8"][:2] + [
-        # the fp8 copy by the hardware conversion (offline sm_90: 3051 -> 2036
-        # instructions per chunk; not yet timed)
-        {"hw_fp8": True},
+        # the fp8 copy by the integer-rounding encoder instead of the hardware
+        # conversion (the default since the eleventh H200 run: flush 749 -> 609 us)
+        {"hw_fp8": False},
         {"num_warps": 2, "flush_ctas_per_sm": 4, "flush_stages": 3},
         {"num_warps": 1, "flush_ctas_per_sm": 6, "flush_stages": 2},
         {"prep_num_warps": 2},
@@ -123,8 +125,8 @@ SWEEP = {
     + _FLUSH_ALTS[:2] + _FLUSH_SPLIT + [{**_UNITS, "flush_ctas_per_sm": 3}],
     # TMA loads of the fp16-sr checkpoint in 1- or 2-warp programs of one stage (offline
     # sm_90, warp-instructions per chunk over both passes: 8372 with the default, 5889
-    # with 1 warp (240 bytes of spill), 6428 with 2; not yet timed; 2 warps with plain
-    # loads took 1614 against 1296 us)
+    # with 1 warp (240 bytes of spill), 6428 with 2; eleventh H200 run, flush us:
+    # 1353 / 1324 against 1312 with the default; 2 warps with plain loads: 1614)
     "split-fp16sr-nvfp4": _PREFETCH + _OUT_ALTS["split-fp16sr-nvfp4"][:2]
     + [{"flush_licm": True}, {"flush_pass": "recompute"}, {**_UNITS, "flush_ctas_per_sm": 3},
        {"maxnreg": 168, "flush_ctas_per_sm": 3}, {"fast_encode": False},

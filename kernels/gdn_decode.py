@@ -1288,7 +1288,10 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     replay fp32 and fp8-copy flushes in 1-warp programs (255 registers, 8 per SM, one
     stage: fp32 467 us, fp8 743; fp8 in 2-warp programs, 4 per SM, 3 stages: 845;
     offline sm_90 warp-instructions per 16-row chunk: fp32 2768 -> 1178, fp8 5080 ->
-    3057)."""
+    3057).  The fp8 copy is encoded by the hardware conversion (``hw_fp8``; eleventh
+    run: fp8 flush 749 -> 609 us, 132.3 -> 122.8 us per step); with it, two stages
+    lost (742 us), as did TMA-loaded nvfp4 flushes in 1- or 2-warp programs (1353 /
+    1324 against 1312 us) and 2 or 3 stages for fp32 (570 / 555 against 468)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1320,7 +1323,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
-                flush_prefetch=0 if whole else 1, flush_tma=tma, hw_fp8=False)
+                flush_prefetch=0 if whole else 1, flush_tma=tma,
+                hw_fp8=read == "fp8-e4m3")
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1442,8 +1446,9 @@ class GDNReplayCache:
       issued ahead by the chunk loop's ``flush_stages``-deep pipeline).  Default off.
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
       conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
-      the Mamba-2 flush, the same bits).  Default off (offline sm_90 it cuts the fp8
-      flush's chunk loop from 3051 to 2036 instructions; not yet timed).
+      the Mamba-2 flush, the same bits).  On by default in the staged launch (offline
+      sm_90 it cuts the fp8 flush's chunk loop from 3051 to 2036 instructions; on an
+      H200, qwen3.5-4b, batch 256, L = 16: flush 749 -> 609 us).
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.

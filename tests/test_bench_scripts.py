@@ -75,3 +75,21 @@ def test_split_fields_parse_ints_and_flags() -> None:
                          "out_weights=program"])
     assert (cfg.maxnreg, cfg.tail_tile, cfg.evict_first, cfg.out_weights) == (
         96, True, False, "program")
+
+
+@pytest.mark.parametrize("variant,checkpoint,read", [
+    ("replay-fp32", "fp32", None), ("split-fp32-fp8", "fp32", "fp8-e4m3"),
+    ("split-fp16sr-nvfp4", "fp16-sr", "nvfp4")])
+def test_gdn_bench_large_configs_are_the_library_defaults(variant, checkpoint, read) -> None:
+    """The GDN benchmark's batch-256 configurations name the library's own defaults, so
+    its tables time what users get."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_gdn import LARGE
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from precisionlab.kernels.gdn_decode import replay_defaults
+
+    lib = replay_defaults(256, 16, 32, 128, 128, checkpoint, read)
+    named = {k: v for k, v in LARGE[variant].items() if k in lib}
+    assert named == {k: lib[k] for k in named}
