@@ -60,7 +60,8 @@ DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3")
            "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
 # flush variants: (label, GDNReplayCache keywords over the large-batch defaults, which
 # are the integer-rounding encoders, the nvfp4 scratch pass, the persistent grid and,
-# for fp32 checkpoints, TMA loads into 1-warp programs)
+# for fp32 checkpoints, TMA loads into 1-warp programs; an fp8 copy by the hardware
+# conversion)
 FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
          ("units", {"flush_grid": "units"}),
          ("168 registers, 3 per SM", {"maxnreg": 168, "flush_ctas_per_sm": 3}),
@@ -68,7 +69,9 @@ FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
                                    "flush_stages": 2, "flush_tma": False}),
          ("4 warps, tma", {"num_warps": 4, "maxnreg": 168, "flush_ctas_per_sm": 3,
                            "flush_stages": 2, "flush_tma": True}),
-         ("hw fp8", {"hw_fp8": True})]
+         ("integer fp8", {"hw_fp8": False}),
+         ("168 registers, 12 per SM", {"maxnreg": 168, "flush_ctas_per_sm": 12}),
+         ("128 registers, 16 per SM", {"maxnreg": 128, "flush_ctas_per_sm": 16})]
 FLUSH_NVFP4 = [("recompute", {"flush_pass": "recompute"}),
                ("recompute+reference", {"flush_pass": "recompute", "fast_encode": False})]
 
@@ -120,15 +123,18 @@ def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dic
             for fn, args, kw in step_calls(model, ck, rd, cfg):
                 nm = _name(fn)
                 if nm == "_flush_kernel" and only in (None, "flush"):
-                    if cfg.get("hw_fp8"):  # compiled code only: the CPU call leaves it off
+                    if cfg.get("hw_fp8", rd == "fp8-e4m3"):  # compiled code only: the
+                        # CPU call leaves it off
                         kw = {**kw, "HW": True}
                     out.append((f"{d} flush {label}", fn, args, kw))
                 elif nm != "_flush_kernel" and label == "default" and only in (None, "output"):
                     out.append((f"{d} {nm.strip('_')}", fn, args, kw))
         if only in (None, "output") and rd is None:
-            for fn, args, kw in step_calls(model, ck, rd, {"eager": True}):
-                if _name(fn) == "_prep_kernel":
-                    out.append((f"{d} prep_kernel eager", fn, args, kw))
+            for label, cfg in (("eager", {"eager": True}), ("64 registers", {"prep_maxnreg": 64}),
+                               ("80 registers", {"prep_maxnreg": 80})):
+                for fn, args, kw in step_calls(model, ck, rd, cfg):
+                    if _name(fn) == "_prep_kernel":
+                        out.append((f"{d} prep_kernel {label}", fn, args, kw))
     if only in (None, "batch1"):  # the small-batch fused launch (one launch per step)
         for d, (ck, rd) in DESIGNS.items():
             for label, cfg in (("default", {}), ("fast", {"fast_encode": True})):

@@ -60,10 +60,9 @@ default there): the flush launch, a prep launch that reads and advances the cloc
 (one program per sequence and k-head) and an output launch that skips flushing rows.
 On a GPU the staged flush launch runs on a second stream beside the other two
 (``concurrent_flush``): they touch disjoint rows, and as either the flush or the prep
-launch may run first, the prep programs then only post that they have read their
-clocks, and a one-program launch after the flush on its stream advances the clocks
-once both launches have read them (``clocks.advance_clocks_kernel``, shared with the
-Mamba-2 split step).
+launch may run first, the prep launch then leaves the clocks alone, and a one-program
+launch on the flush's stream, behind the flush and (an event) the prep launch,
+advances them (``clocks.advance_clocks_kernel``, shared with the Mamba-2 split step).
 
 **Verify** (T drafts from one read of the stored copy, kept packed in registers):
 draft j is an output step at ring position ``n + j``; drafts 0..j-1 join the
@@ -647,7 +646,7 @@ def _prep_kernel(
     tickets, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
-    EAGER: tl.constexpr, posted=None, CONC: tl.constexpr = False,
+    EAGER: tl.constexpr, CONC: tl.constexpr = False,
 ):
     """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
@@ -658,9 +657,9 @@ def _prep_kernel(
     ``beta``, ``k . q``).  Appends k, its products, g and beta at ring position n and
     writes ``pn[b]`` = n (-1 where the row flushes or has no slot: the output launch
     skips it; a flushing row gets nothing but its clock tick).  CONC (the flush launch
-    on another stream, which may run later): instead of its tick a program posts at
-    ``posted`` that it has read the clock, and the flush stream advances the clocks
-    (:func:`clocks.advance_clocks_kernel`).  No branches: every
+    on another stream, which may run later): the flush stream advances the clocks
+    (:func:`clocks.advance_clocks_kernel`, ordered after this launch by an event) and
+    this launch leaves them alone.  No branches: every
     load but the masked ring reads (none with EAGER: the ring k and g tiles are read
     whole and masked in registers) is issued with the slot index, next to the clock."""
     hk = tl.program_id(0)
@@ -721,10 +720,8 @@ def _prep_kernel(
     tl.store(ring_g + pos * HV + hs, g, mask=mo)
     tl.store(ring_b + pos * HV + hs, beta, mask=mo)
     tl.store(pn + bidx, tl.where(ok, n, -1), mask=hk == 0)
-    tl.debug_barrier()  # every warp has read the clock: now advance it (or post so)
-    if CONC:
-        tl.atomic_add(posted, 1, sem="release")
-    else:
+    if not CONC:
+        tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")
 
 
@@ -1297,7 +1294,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
         bv = V if whole else min(V, 16)
         return dict(launch="fused", block_v=bv, num_warps=4, maxnreg=None,
                     tiles_per_program=1, stages=1, flush_chunk=min(bv, 16), flush_stages=1,
-                    out_maxnreg=None, verify_maxnreg=None, flush_ctas_per_sm=4,
+                    out_maxnreg=None, verify_maxnreg=None, prep_maxnreg=None,
+                    flush_ctas_per_sm=4,
                     out_block_v=min(V, 16), out_num_warps=2, out_tiles_per_program=1,
                     out_stages=1, verify_block_v=min(V, 16), verify_num_warps=4,
                     verify_stages=1, eager=True, prep_num_warps=2,
@@ -1317,7 +1315,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
         fw, fr, fc, fs = 4, 128, 4, 2
     return dict(launch="staged", block_v=V, num_warps=fw, maxnreg=fr,
                 tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=fs, out_maxnreg=0,
-                verify_maxnreg=0, flush_ctas_per_sm=fc,
+                verify_maxnreg=0, prep_maxnreg=0, flush_ctas_per_sm=fc,
                 out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
                 out_stages=1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
@@ -1452,8 +1450,9 @@ class GDNReplayCache:
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.
-    * ``maxnreg`` (fused or flush launch), ``out_maxnreg``, ``verify_maxnreg``: register
-      caps per thread (0: none, the compiler's choice; None: the default).
+    * ``maxnreg`` (fused or flush launch), ``out_maxnreg``, ``verify_maxnreg``,
+      ``prep_maxnreg`` (the staged prep launch): register caps per thread (0: none, the
+      compiler's choice; None: the default).
 
     An nvfp4 copy is written whole-matrix: the flushing program (fused) or unit
     (split) owns all V rows, so ``block_v`` must be V there.
@@ -1473,7 +1472,8 @@ class GDNReplayCache:
         flush_stages: int | None = None, dot_precision: str = "tf32x2",
         flush_ctas_per_sm: int | None = None, maxnreg: int | None = None,
         out_maxnreg: int | None = None, verify_maxnreg: int | None = None,
-        eager: bool | None = None, prep_num_warps: int | None = None,
+        prep_maxnreg: int | None = None, eager: bool | None = None,
+        prep_num_warps: int | None = None,
         verify_launch: str | None = None, flush_licm: bool | None = None, keep_fresh: bool = False,
         flush_grid: str | None = None, flush_pass: str | None = None,
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
@@ -1505,6 +1505,7 @@ class GDNReplayCache:
                      out_num_warps=out_num_warps, out_tiles_per_program=out_tiles_per_program,
                      out_stages=out_stages, flush_stages=flush_stages, maxnreg=maxnreg,
                      out_maxnreg=out_maxnreg, verify_maxnreg=verify_maxnreg,
+                     prep_maxnreg=prep_maxnreg,
                      flush_ctas_per_sm=flush_ctas_per_sm, eager=eager,
                      prep_num_warps=prep_num_warps, verify_launch=verify_launch,
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
@@ -1551,9 +1552,6 @@ class GDNReplayCache:
                              f"{self.verify_launch!r}")
         self._vscratch = None
         self._fscratch = None
-        self._posted = torch.zeros(1, dtype=torch.int32, device=device)
-        """The concurrent staged step's count of prep programs that have read their clocks
-        (:func:`clocks.advance_clocks_kernel`; zero between steps)."""
         self.compiled: dict = {}
         """The last compiled kernel of each launch (``n_regs``, ``n_spills``: tuning aid)."""
         self.BV, self.num_warps = cfg["block_v"], cfg["num_warps"]
@@ -1565,6 +1563,7 @@ class GDNReplayCache:
         self.FB, self.flush_stages = cfg["flush_chunk"], cfg["flush_stages"]
         self.maxnreg, self.out_maxnreg = cfg["maxnreg"] or None, cfg["out_maxnreg"] or None
         self.verify_maxnreg = cfg["verify_maxnreg"] or None
+        self.prep_maxnreg = cfg["prep_maxnreg"] or None
         whole = "nvfp4" in (checkpoint, read)
         if whole and self.BV != V:
             raise ValueError("an nvfp4 copy needs block_v == V")
@@ -1709,20 +1708,31 @@ class GDNReplayCache:
         output launches (a fork and a join; CUDA-graph capturable).  They touch
         disjoint rows -- a flushing row's programs of the other two do nothing -- and
         either may run first, so neither reads a clock the other advanced: the prep
-        programs only post that they have read theirs, and a one-program launch after the
-        flush on its stream advances the clocks once they all have
-        (:func:`clocks.advance_clocks_kernel`)."""
+        launch leaves the clocks alone, and a one-program launch on the flush's stream,
+        behind the flush launch and an event recorded after the prep launch, advances
+        them (:func:`clocks.advance_clocks_kernel`)."""
         main = torch.cuda.current_stream(q.device)
         if self._side is None:
             self._side = torch.cuda.Stream(device=q.device)
+            self._prep_done = torch.cuda.Event()
         self._side.wait_stream(main)
-        # the prep launch first on the host: the clock advance must never wait for a
-        # prep launch that was not enqueued
-        self._staged(q, k, v, a, b, A_log, dt_bias, state_indices, out, concurrent=True)
+        self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent=True)
+        self._prep_done.record(main)
+        self._out_launch(v, state_indices, out)
         with torch.cuda.stream(self._side):
             self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices, out,
-                        commit=False, concurrent=True)
+                        commit=False)
+            self._side.wait_event(self._prep_done)
+            self._advance_clocks(state_indices)
         main.wait_stream(self._side)
+
+    def _advance_clocks(self, state_indices) -> None:
+        """The concurrent staged step's clock advance: on the flush's stream, behind the
+        flush launch and the prep launch (:func:`clocks.advance_clocks_kernel`)."""
+        B = state_indices.shape[0]
+        self.compiled["advance"] = advance_clocks_kernel[(1,)](
+            self.counters.tickets, state_indices, B, self.HK, _pow2_at_least(B, 256),
+            num_warps=4)
 
     def _staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out,
                 concurrent: bool = False) -> None:
@@ -1740,8 +1750,8 @@ class GDNReplayCache:
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
             self.R, self.RP, self.CW, _pow2_at_least(self.HV // self.HK, 1), self.ring_id,
-            self.eager, posted=self._posted, CONC=concurrent,
-            num_warps=self.prep_num_warps,
+            self.eager, CONC=concurrent, num_warps=self.prep_num_warps,
+            maxnreg=self.prep_maxnreg,
         )
 
     def _out_launch(self, v, state_indices, out) -> None:
@@ -1768,11 +1778,10 @@ class GDNReplayCache:
                                          device=self.ring_g.device)
         return self._fscratch
 
-    def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out, commit: bool,
-               concurrent: bool = False) -> None:
+    def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out,
+               commit: bool) -> None:
         """The flush launch (returns at once where nothing flushes): persistent, or one
-        program per unit (``flush_grid="units"``); ``concurrent``: beside the staged
-        step's prep launch, then the clock advance for it (:func:`clocks.advance_clocks_kernel`)."""
+        program per unit (``flush_grid="units"``)."""
         B = state_indices.shape[0]
         c, fargs, f_id = self._copies()
         NU = self.V // self.BV
@@ -1798,10 +1807,6 @@ class GDNReplayCache:
             self.hw_fp8 and compiled_on(q.device), num_warps=self.num_warps,
             maxnreg=self.maxnreg,
         )
-        if concurrent:  # after every flush program has read its clocks
-            self.compiled["advance"] = advance_clocks_kernel[(1,)](
-                self._posted, self.counters.tickets, state_indices, B, self.HK, self.HK,
-                _pow2_at_least(B, 256), num_warps=4)
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
         """Outputs of T drafts per sequence: q, k (B, T, HK, K), v (B, T, HV, V),

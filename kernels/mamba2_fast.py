@@ -17,10 +17,10 @@ synchronisation, CUDA-graph capturable.
 **Concurrent flush** (``SplitConfig.concurrent_flush``, "heads" output with the
 weights launch): the flush launch runs on a second stream beside the weights and
 output launches, which touch other rows.  Either stream may run first, so no launch
-of the step may advance a clock: the weights launch writes ``pos`` and posts that it
-has read the clocks, the output launch leaves them, and
-:func:`clocks.advance_clocks_kernel`, behind the flush on its stream, advances them
-once every post is in.
+of the step may advance a clock: the weights launch writes ``pos``, the output launch
+leaves the clocks, and :func:`clocks.advance_clocks_kernel`, on the flush's stream
+behind the flush launch and an event recorded after the weights launch, advances
+them.
 
 **Flush launch** (persistent: ``programs`` CTAs): units are (flushing row, head,
 block of ``FB * NQ`` rows), taken every ``programs``-th; with nothing to flush a
@@ -184,7 +184,7 @@ def m2_weights_kernel(
     wts, ring_B, ring_dt, tickets, state_idx, dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
     N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, pos=None, posted=None,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, pos=None,
     CONC: tl.constexpr = False,
 ):
     """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
@@ -197,16 +197,14 @@ def m2_weights_kernel(
     once; its heads (``HPG`` >= heads per group) are one ``[HPG, RB]`` tile.
 
     ``CONC`` (the flush launch on a second stream): the group-0 programs write the
-    rows' ring positions to ``pos`` for the output launch, and every program posts at
-    ``posted`` that it has read its clock (:func:`clocks.advance_clocks_kernel`)."""
+    rows' ring positions to ``pos`` for the output launch; the clocks are advanced by
+    :func:`clocks.advance_clocks_kernel`, which the streams order after this launch."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
     c = tl.load(tickets + tl.maximum(slot, 0)) % L
-    if CONC:
-        if g == 0:
-            tl.store(pos + b, tl.where(slot >= 0, c, -1))
-        tl.atomic_add(posted, 1, sem="release")
+    if CONC and (g == 0):
+        tl.store(pos + b, tl.where(slot >= 0, c, -1))
     if (slot >= 0) & (c != L - 1):
         offs_n = tl.arange(0, N)
         offs_r = tl.arange(0, RB)

@@ -209,10 +209,11 @@ class Mamba2Cache:
     """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
-    posted: torch.Tensor | None = None
-    """Posts of the weights launch's programs for the clock advance (concurrent flush)."""
     side_stream: torch.cuda.Stream | None = None
     """The concurrent flush's stream."""
+    weights_done: torch.cuda.Event | None = None
+    """Recorded after the weights launch; the concurrent flush's clock advance waits
+    for it."""
 
     @classmethod
     def allocate(
@@ -677,8 +678,6 @@ def launch_split_step(
     wts = cache.out_wts if weights else out
     conc = weights and (cfg.concurrent_flush if cfg.concurrent_flush is not None
                         else x.is_cuda)
-    if conc:
-        cache.posted = device_buffer(cache.posted, 1, x.device, torch.int32, zero=True)
 
     bp_rows = max(16, triton.next_power_of_2(batch))  # the batch's rows as one vector
 
@@ -701,9 +700,10 @@ def launch_split_step(
             ck_desc=ckpt.rows_descriptor(fb) if cfg.flush_tma else None, CONC=conc,
             num_warps=cfg.flush_warps, **flags, **extra,
         )
-        if conc:  # once every weights program has read its clock
-            advance_clocks_kernel[(1,)](cache.posted, cache.tickets, state_indices, batch,
-                                        POSTS=G, STEP=1, BP=bp_rows, num_warps=4)
+
+    def advance() -> None:  # behind the flush and the weights launch
+        advance_clocks_kernel[(1,)](cache.tickets, state_indices, batch, STEP=1, BP=bp_rows,
+                                    num_warps=4)
 
     def weights_launch() -> None:
         m2_weights_kernel[(G, batch)](
@@ -711,7 +711,7 @@ def launch_split_step(
             strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
             HPG=triton.next_power_of_2(H // G), RING=ring_id,
             HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, pos=cache.pos,
-            posted=cache.posted if conc else None, CONC=conc, num_warps=2)
+            CONC=conc, num_warps=2)
 
     def output() -> None:
         _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
@@ -726,16 +726,21 @@ def launch_split_step(
         main = torch.cuda.current_stream(x.device)
         if cache.side_stream is None:
             cache.side_stream = torch.cuda.Stream(device=x.device)
+            cache.weights_done = torch.cuda.Event()
         cache.side_stream.wait_stream(main)
-        weights_launch()  # (enqueued first: the clock advance waits for its posts)
+        weights_launch()
+        cache.weights_done.record(main)
         output()
         with torch.cuda.stream(cache.side_stream):
             flush()
+            cache.side_stream.wait_event(cache.weights_done)
+            advance()
         main.wait_stream(cache.side_stream)
     else:  # one stream (CPU): the order a second stream may take, the flush last
         weights_launch()
         output()
         flush()
+        advance()
 
 
 def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,

@@ -321,8 +321,7 @@ def test_concurrent_flush_equals_sequential(ck, rd) -> None:
     """The flush launch beside the weights and output launches
     (``SplitConfig.concurrent_flush``; on the CPU it runs after them, the order a second
     stream may take): the same outputs, copies and clocks as one stream, with rows at
-    staggered ring positions (every step some flush) and a padding row.  The posts are
-    all taken back."""
+    staggered ring positions (every step some flush) and a padding row."""
     L, batch = 3, 4
     kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=11)
     head = HeadParams(params.A, params.D, params.dt_bias)
@@ -336,8 +335,6 @@ def test_concurrent_flush_equals_sequential(ck, rd) -> None:
         stagger_clocks(cache.tickets, L, cache.programs_per_slot)
         ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
                           state_indices=idx, dt_softplus=True).clone() for r in raws]
-        if conc:
-            assert cache.posted.item() == 0
         res.append(ys + cache.ckpt.tensors() + cache.read.tensors() + [cache.tickets])
     assert_runs_same_bits(res)
 
