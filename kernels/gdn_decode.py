@@ -76,7 +76,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .clocks import advance_clocks_kernel
 from .codec import as_int32
@@ -647,7 +646,7 @@ def _prep_kernel(
     tickets, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
-    EAGER: tl.constexpr, CONC: tl.constexpr = False, PDL: tl.constexpr = False,
+    EAGER: tl.constexpr, CONC: tl.constexpr = False,
 ):
     """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
@@ -662,11 +661,7 @@ def _prep_kernel(
     (:func:`clocks.advance_clocks_kernel`, ordered after this launch by an event) and
     this launch leaves them alone.  No branches: every
     load but the masked ring reads (none with EAGER: the ring k and g tiles are read
-    whole and masked in registers) is issued with the slot index, next to the clock.
-    PDL (compiled code): the output launch, a programmatic dependent launch, may start
-    at once."""
-    if PDL:
-        gdc_launch_dependents()
+    whole and masked in registers) is issued with the slot index, next to the clock."""
     hk = tl.program_id(0)
     bidx = tl.program_id(1)
     GRP: tl.constexpr = HV // HK
@@ -756,8 +751,7 @@ def _out_kernel(
     v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     TPP: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
-    FMT: tl.constexpr, RING: tl.constexpr, tickets=None, L: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    FMT: tl.constexpr, RING: tl.constexpr,
 ):
     """Staged launch, second of the output step.  Grid ``(HV * (V // BV) // TPP, B)``:
     TPP tiles of BV rows (one k-head group) of the stored copy.  Everything a tile
@@ -767,11 +761,7 @@ def _out_kernel(
     position (two independent loads) are back, and no program reduces over the
     ring's k.  Stores o and appends d, v at ring position n.  Rows with ``pn < 0``
     (flushing or padding) return after that load: at a flush step of the whole batch
-    the launch costs next to nothing (a masked body took 65-85 us on an H200).  PDL
-    (compiled code, the concurrent step; ``out_pdl``): a programmatic dependent launch
-    of the prep launch, so programs start while it runs: each asks L2 for its tiles'
-    rows of the copy (where its row's clock, read before or after this step's advance,
-    says that the row cannot be flushing), then waits for the prep launch's writes."""
+    the launch costs next to nothing (a masked body took 65-85 us on an H200)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
@@ -779,15 +769,6 @@ def _out_kernel(
     tau0 = pid * TPP
     hk = tau0 // (GRP * NVB)
     slot = tl.load(state_idx + bidx)
-    if PDL:
-        # the clock says n or, once advanced, n + 1 (mod L): a guess of neither L - 1
-        # nor 0 means that the row outputs (n < L - 1)
-        clock = tl.load(tickets + tl.maximum(slot, 0), cache_modifier=".cg")
-        guess = (clock // HK) % L
-        if (slot >= 0) & (guess != L - 1) & (guess != 0):
-            l2_prefetch_rows(r_data, slot.to(tl.int64) * HV + tau0 // NVB,
-                             (tau0 % NVB) * BV, V, BV * TPP, FMT, K)
-        gdc_wait()
     n = tl.load(pn + bidx)
     if n >= 0:  # (pn < 0 where the slot is missing too)
         slot64 = tl.maximum(slot, 0).to(tl.int64)
@@ -1455,9 +1436,7 @@ class GDNReplayCache:
       the staged launch's default).
     * ``concurrent_flush``: the staged step's flush launch on a second CUDA stream,
       forked and joined around the prep and output launches (default on a GPU; the
-      launches touch disjoint rows).  ``out_pdl`` (compiled code, with it): the output
-      launch is a programmatic dependent launch of the prep launch, whose programs ask
-      L2 for their rows while the prep launch runs (default off).
+      launches touch disjoint rows).
     * ``flush_prefetch``: L2 prefetch in the flush (compiled code only), chunks ahead
       of the one being folded (0: none).
     * ``flush_tma``: the staged flush launch loads a dense checkpoint's (fp32 or 16-bit)
@@ -1499,7 +1478,7 @@ class GDNReplayCache:
         flush_grid: str | None = None, flush_pass: str | None = None,
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
-        hw_fp8: bool | None = None, out_pdl: bool = False,
+        hw_fp8: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1553,7 +1532,6 @@ class GDNReplayCache:
         self.flush_grid, self.flush_pass = cfg["flush_grid"], cfg["flush_pass"]
         self.fast_encode = bool(cfg["fast_encode"])
         self.concurrent_flush = bool(cfg["concurrent_flush"])
-        self.out_pdl = bool(out_pdl)
         self.flush_prefetch = int(cfg["flush_prefetch"])
         if self.flush_prefetch < 0:
             raise ValueError(f"flush_prefetch must be >= 0, got {self.flush_prefetch}")
@@ -1738,10 +1716,9 @@ class GDNReplayCache:
             self._side = torch.cuda.Stream(device=q.device)
             self._prep_done = torch.cuda.Event()
         self._side.wait_stream(main)
-        pdl = self.out_pdl and compiled_on(q.device)
-        self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent=True, pdl=pdl)
+        self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent=True)
         self._prep_done.record(main)
-        self._out_launch(v, state_indices, out, pdl)
+        self._out_launch(v, state_indices, out)
         with torch.cuda.stream(self._side):
             self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices, out,
                         commit=False)
@@ -1764,7 +1741,7 @@ class GDNReplayCache:
         self._out_launch(v, state_indices, out)
 
     def _prep_launch(self, q, k, a, b, A_log, dt_bias, state_indices,
-                     concurrent: bool = False, pdl: bool = False) -> None:
+                     concurrent: bool = False) -> None:
         B = q.shape[0]
         if self._scratch[0].shape[0] < B:
             self._scratch = self._staged_scratch(B, q.device)
@@ -1773,11 +1750,11 @@ class GDNReplayCache:
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
             self.R, self.RP, self.CW, _pow2_at_least(self.HV // self.HK, 1), self.ring_id,
-            self.eager, CONC=concurrent, PDL=pdl, num_warps=self.prep_num_warps,
+            self.eager, CONC=concurrent, num_warps=self.prep_num_warps,
             maxnreg=self.prep_maxnreg,
         )
 
-    def _out_launch(self, v, state_indices, out, pdl: bool = False) -> None:
+    def _out_launch(self, v, state_indices, out) -> None:
         B = v.shape[0]
         pqk, pco, pn = self._scratch
         r = self.read if self.read is not None else self.ckpt
@@ -1785,9 +1762,7 @@ class GDNReplayCache:
         self.compiled["out"] = _out_kernel[(self.HV * (self.V // bv) // tpp, B)](
             v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
             self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.R, self.RP, self.CW,
-            r.fmt_id, self.ring_id, tickets=self.counters.tickets, L=self.L, PDL=pdl,
-            num_warps=self.out_num_warps, maxnreg=self.out_maxnreg,
-            **({"launch_pdl": True} if pdl else {}),
+            r.fmt_id, self.ring_id, num_warps=self.out_num_warps, maxnreg=self.out_maxnreg,
         )
 
     def _flush_scratch(self, programs: int, B: int) -> torch.Tensor | None:

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .mamba2_kernel import head_consts, tile_inputs
 from .tl_common import (
@@ -186,7 +185,7 @@ def m2_weights_kernel(
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
     N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, pos=None,
-    CONC: tl.constexpr = False, PDL: tl.constexpr = False,
+    CONC: tl.constexpr = False,
 ):
     """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
     ``SplitConfig.out_weights="launch"``), a program per (B/C group ``g``, batch row
@@ -199,11 +198,7 @@ def m2_weights_kernel(
 
     ``CONC`` (the flush launch on a second stream): the group-0 programs write the
     rows' ring positions to ``pos`` for the output launch; the clocks are advanced by
-    :func:`clocks.advance_clocks_kernel`, which the streams order after this launch.
-    ``PDL`` (compiled code): the output launch, a programmatic dependent launch, may
-    start at once."""
-    if PDL:
-        gdc_launch_dependents()
+    :func:`clocks.advance_clocks_kernel`, which the streams order after this launch."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -591,7 +586,6 @@ def m2_out_heads_kernel(
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -602,23 +596,10 @@ def m2_out_heads_kernel(
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
     masked rows; ``SplitConfig.tail_tile``).  ``CONC`` (the flush launch on a second
-    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`.  ``PDL``
-    (compiled code, with CONC; ``SplitConfig.out_pdl``): a programmatic dependent launch
-    of the weights launch, so programs start while it runs: each asks L2 for its own
-    rows (where its row's clock, read before or after this step's advance, says that
-    the row cannot be flushing), then waits for the weights launch's writes."""
+    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
-    if PDL:
-        # the clock is c or, once advanced, c + 1 (mod L): a guess of neither L - 1
-        # nor 0 means that the row outputs (c < L - 1)
-        guess = tl.load(tickets + tl.maximum(slot, 0), cache_modifier=".cg") % L
-        if (slot >= 0) & (guess != L - 1) & (guess != 0):
-            _prefetch_out(rd_c, rd_s1, ring_x, slot.to(tl.int64) * H + pid * HPP, pid * HPP,
-                          slot.to(tl.int64), guess, P, H * P, LR, tl.arange(0, RB), RD_FMT,
-                          N, HPP, RING)
-        gdc_wait()
     c = tl.load(pos + b)  # ring position (written by the flush launch); -1: padding
     if PFO > 0:  # the program PFO launches later: its row's slot and position now, its
         nh = tl.num_programs(0)  # L2 prefetch at the end

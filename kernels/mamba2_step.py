@@ -131,10 +131,7 @@ class SplitConfig:
     launches (``mamba2_fast``'s "Concurrent flush"); None = on for CUDA tensors.  On the
     CPU, True runs the flush after the output launch, the order a second stream may
     take.  (Starting the second stream after the weights launch instead lost 0.5-2 us per
-    step on an H200.)  ``out_pdl`` (compiled code, "heads" output with the weights launch
-    and the concurrent flush): the output launch is a programmatic dependent launch of
-    the weights launch, whose programs ask L2 for their rows while the weights launch
-    runs, then wait for it (``mamba2_fast.m2_out_heads_kernel``); None = off.
+    step on an H200.)
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -161,7 +158,6 @@ class SplitConfig:
     out_loads_first: bool | None = None
     flush_tma: bool | None = None
     concurrent_flush: bool | None = None
-    out_pdl: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -550,7 +546,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         if (getattr(cfg, name) or 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     for name in ("tail_tile", "evict_first", "out_loads_first", "flush_tma",
-                 "concurrent_flush", "out_pdl"):
+                 "concurrent_flush"):
         if getattr(cfg, name) not in (None, True, False):
             raise ValueError(f"{name} must be true, false or unset, got {getattr(cfg, name)!r}")
     if kind not in ("heads", "tiles", "group"):
@@ -684,7 +680,6 @@ def launch_split_step(
                         else x.is_cuda)
 
     bp_rows = max(16, triton.next_power_of_2(batch))  # the batch's rows as one vector
-    pdl = bool(conc and cfg.out_pdl and compiled_on(x.device))
 
     def flush() -> None:
         m2_flush_kernel[(nprog,)](
@@ -716,11 +711,11 @@ def launch_split_step(
             strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
             HPG=triton.next_power_of_2(H // G), RING=ring_id,
             HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, pos=cache.pos,
-            CONC=conc, PDL=pdl, num_warps=2)
+            CONC=conc, num_warps=2)
 
     def output() -> None:
         _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
-                       out, params, D, dtb, strides, wts, weights, ring_id, flags, conc, pdl)
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, conc)
 
     if not conc:
         flush()
@@ -751,7 +746,7 @@ def launch_split_step(
 def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
                    read: StateStore | None, ckpt: StateStore, rx, rB, state_indices, x, dt, B,
                    C, zz, out, params: HeadParams, D, dtb, strides, wts, weights: bool,
-                   ring_id: int, flags: dict, conc: bool, pdl: bool = False) -> None:
+                   ring_id: int, flags: dict, conc: bool) -> None:
     """The split step's output launch (``SplitConfig.out_kernel``); ``conc``: the flush
     launch runs on a second stream and the clocks are left to the clock advance."""
     slots, H, P, N = ckpt.shape
@@ -772,8 +767,7 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
-            LOADS_FIRST=cfg.out_loads_first, CONC=conc, PDL=pdl,
-            **({"launch_pdl": True} if pdl else {}), **common)
+            LOADS_FIRST=cfg.out_loads_first, CONC=conc, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

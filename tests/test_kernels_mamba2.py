@@ -339,47 +339,20 @@ def test_concurrent_flush_equals_sequential(ck, rd) -> None:
     assert_runs_same_bits(res)
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch is compiled code")
-def test_out_pdl_changes_no_bit() -> None:
-    """The output launch as a programmatic dependent launch of the weights launch, its
-    programs prefetching their rows before they wait (``SplitConfig.out_pdl``): the same
-    outputs, copies and clocks, with rows at staggered ring positions (some flush at
-    every step) and a padding row."""
-    L, batch = 3, 4
-    kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=13)
-    head = HeadParams(params.A, params.D, params.dt_bias)
-    idx = torch.tensor([0, 3, -1, 1], dtype=torch.int32, device=DEV)
-    res = []
-    for pdl in (False, True):
-        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp32",
-                                     read_format="fp8-e4m3", window=L, device=DEV, seed=3,
-                                     launch="split",
-                                     split_config=SplitConfig(concurrent_flush=True,
-                                                              out_pdl=pdl))
-        cache.load_state(state0(batch))
-        stagger_clocks(cache.tickets, L, cache.programs_per_slot)
-        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
-                          state_indices=idx, dt_softplus=True).clone() for r in raws]
-        res.append(ys + cache.ckpt.tensors() + cache.read.tensors() + [cache.tickets])
-    assert_runs_same_bits(res)
-
-
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
 def test_concurrent_flush_in_a_graph() -> None:
-    """The concurrent flush's fork and join captured in a CUDA graph (also with the
-    output launch a programmatic dependent launch): replays walk two windows with the
-    bits of the one-stream step."""
+    """The concurrent flush's fork and join captured in a CUDA graph: replays walk two
+    windows with the bits of the one-stream step."""
     L, batch = 3, 4
     kind, params, raws = setup(steps=1, batch=batch, seed=12)
     head = HeadParams(params.A, params.D, params.dt_bias)
     r = raws[0]
     res = []
-    for conc, pdl in ((False, False), (True, False), (True, True)):
+    for conc in (False, True):
         cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp32",
                                      read_format="fp8-e4m3", window=L, device=DEV, seed=3,
                                      launch="split",
-                                     split_config=SplitConfig(concurrent_flush=conc,
-                                                              out_pdl=pdl))
+                                     split_config=SplitConfig(concurrent_flush=conc))
         cache.load_state(state0(batch))
         stagger_clocks(cache.tickets, L, cache.programs_per_slot)
         out = torch.empty(batch, H, P, device=DEV)
@@ -404,7 +377,7 @@ def test_concurrent_flush_in_a_graph() -> None:
 
 
 @pytest.mark.parametrize("field", ["out_weights", "flush_pass", "flush_tma", "concurrent_flush",
-                                   "evict_first", "out_pdl"])
+                                   "evict_first"])
 def test_split_config_rejects_unknown_values(field: str) -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
                                  read_format="nvfp4", window=2, device=DEV, launch="split",
