@@ -1305,9 +1305,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
     tma = checkpoint in DENSE_FORMATS and not whole
     # flush programs (warps, registers, programs per SM, pipeline stages)
-    if tma and read is None:
-        fw, fr, fc, fs = 1, 255, 8, 1
-    elif tma and read == "fp8-e4m3":
+    if tma and read in (None, "fp8-e4m3"):
         fw, fr, fc, fs = 1, 255, 8, 1
     elif tma:
         fw, fr, fc, fs = 4, 168, 3, 2
@@ -1441,7 +1439,8 @@ class GDNReplayCache:
       of the one being folded (0: none).
     * ``flush_tma``: the staged flush launch loads a dense checkpoint's (fp32 or 16-bit)
       chunks through a tensor descriptor (TMA bulk copies into shared memory on Hopper,
-      issued ahead by the chunk loop's ``flush_stages``-deep pipeline).  Default off.
+      issued ahead by the chunk loop's ``flush_stages``-deep pipeline).  On by default
+      in the staged launch where no copy is nvfp4.
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
       conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
       the Mamba-2 flush, the same bits).  On by default in the staged launch (offline
