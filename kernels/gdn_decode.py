@@ -77,7 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .clocks import advance_clocks_kernel
+from .clocks import FlushStream, advance_clocks_kernel
 from .codec import as_int32
 from .gdn_extra import (
     inv_unit_lower,
@@ -1540,7 +1540,7 @@ class GDNReplayCache:
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
                              f"checkpoint {checkpoint!r}")
-        self._side: torch.cuda.Stream | None = None
+        self._flush_stream = FlushStream()
         if self.flush_grid not in FLUSH_GRIDS:
             raise ValueError(f"flush_grid must be one of {FLUSH_GRIDS}, got {self.flush_grid!r}")
         if self.flush_pass not in FLUSH_PASSES:
@@ -1710,20 +1710,14 @@ class GDNReplayCache:
         launch leaves the clocks alone, and a one-program launch on the flush's stream,
         behind the flush launch and an event recorded after the prep launch, advances
         them (:func:`clocks.advance_clocks_kernel`)."""
-        main = torch.cuda.current_stream(q.device)
-        if self._side is None:
-            self._side = torch.cuda.Stream(device=q.device)
-            self._prep_done = torch.cuda.Event()
-        self._side.wait_stream(main)
-        self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent=True)
-        self._prep_done.record(main)
-        self._out_launch(v, state_indices, out)
-        with torch.cuda.stream(self._side):
-            self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices, out,
-                        commit=False)
-            self._side.wait_event(self._prep_done)
-            self._advance_clocks(state_indices)
-        main.wait_stream(self._side)
+        self._flush_stream.step(
+            q.device,
+            lambda: self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices,
+                                      concurrent=True),
+            lambda: self._out_launch(v, state_indices, out),
+            lambda: self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices,
+                                out, commit=False),
+            lambda: self._advance_clocks(state_indices))
 
     def _advance_clocks(self, state_indices) -> None:
         """The concurrent staged step's clock advance: on the flush's stream, behind the

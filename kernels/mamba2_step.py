@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import triton
 
-from .clocks import advance_clocks_kernel
+from .clocks import FlushStream, advance_clocks_kernel
 from .codec import as_int32
 from .mamba2_conv import mamba2_conv_kernel
 from .mamba2_fast import (
@@ -209,11 +209,8 @@ class Mamba2Cache:
     """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
-    side_stream: torch.cuda.Stream | None = None
-    """The concurrent flush's stream."""
-    weights_done: torch.cuda.Event | None = None
-    """Recorded after the weights launch; the concurrent flush's clock advance waits
-    for it."""
+    flush_stream: FlushStream = field(default_factory=FlushStream)
+    """The concurrent flush's stream and the event after the weights launch."""
 
     @classmethod
     def allocate(
@@ -723,19 +720,7 @@ def launch_split_step(
             weights_launch()
         output()
     elif x.is_cuda:  # the flush and the clock advance on a second stream
-        main = torch.cuda.current_stream(x.device)
-        if cache.side_stream is None:
-            cache.side_stream = torch.cuda.Stream(device=x.device)
-            cache.weights_done = torch.cuda.Event()
-        cache.side_stream.wait_stream(main)
-        weights_launch()
-        cache.weights_done.record(main)
-        output()
-        with torch.cuda.stream(cache.side_stream):
-            flush()
-            cache.side_stream.wait_event(cache.weights_done)
-            advance()
-        main.wait_stream(cache.side_stream)
+        cache.flush_stream.step(x.device, weights_launch, output, flush, advance)
     else:  # one stream (CPU): the order a second stream may take, the flush last
         weights_launch()
         output()
