@@ -260,7 +260,10 @@ def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v
     # explicit fma (no contraction left to the compiler): an nvfp4 flush computes these
     # rows twice (amax pass, encode pass) and both must give the same bits
     rhs = br[None, :] * tl.fma(-ec[None, :], P, Vr)
-    D = tl.dot(rhs, tl.trans(Tm), input_precision="ieee")
+    if DOT == "ieee":
+        D = tl.dot(rhs, tl.trans(Tm), input_precision="ieee")
+    else:
+        D = _dot_exact_b(rhs, tl.trans(Tm), "tf32x3")
     return _dot_exact_b(D * w[None, :], Kr, DOT, e_last * S)
 
 
@@ -372,7 +375,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             amax = matrix_amax(Sn)
         _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                     offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST,
-                    HW)
+                    HW, ck_desc, TMA, v0)
     elif AMAX and SCRATCH:
         offs_k = tl.arange(0, K)
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
@@ -413,7 +416,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                              STEP, DOT, ck_desc, TMA, v0 + c * FB)
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True,
-                        FAST, HW)
+                        FAST, HW, ck_desc, TMA, v0 + c * FB)
 
 
 @triton.jit
@@ -421,16 +424,21 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
                 q, seed, t, K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr,
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, STEP: tl.constexpr,
                 FRESH: tl.constexpr, W_C: tl.constexpr = True, W_F: tl.constexpr = True,
-                FAST: tl.constexpr = False, HW: tl.constexpr = False):
+                FAST: tl.constexpr = False, HW: tl.constexpr = False, ck_desc=None,
+                TMA: tl.constexpr = False, row0=0):
     """Store fresh rows: the fp32 state (FRESH), the checkpoint (W_C; SR seed), the read
     copy (W_F; seed + 1) and, for a step flush, the step's output ``S q``.  HW (compiled
     code only): an fp8 read copy by the hardware conversion
-    (``tl_formats.fp8_encode_hw``, the same bits)."""
+    (``tl_formats.fp8_encode_hw``, the same bits).  TMA with an fp32 checkpoint: the
+    rows go out through the tensor descriptor ``ck_desc`` (a bulk store from shared
+    memory; ``row0``: the first of ``offs_v``)."""
     mrow = offs_v < V
     if FRESH:
         offs_k = tl.arange(0, K)
         tl.store(fresh + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], Sn)
-    if W_C:
+    if W_C and TMA and (C_FMT == K_FP32):
+        ck_desc.store([(mat * V + row0).to(tl.int32), 0], Sn)
+    elif W_C:
         store_state_with(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT,
                          FB, K, FAST)
     if W_F and HW and (F_FMT == K_FP8):
