@@ -311,7 +311,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 STEP: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
                 NOLICM: tl.constexpr = True, scr=None, SCRATCH: tl.constexpr = False,
                 FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
-                TMA: tl.constexpr = False, HW: tl.constexpr = False):
+                TMA: tl.constexpr = False, HW: tl.constexpr = False,
+                SUBST: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -329,7 +330,9 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     PF (compiled code only): L2 prefetch of the first PF chunks before the set-up, then
     of the chunk PF ahead at the top of every chunk.  TMA: the checkpoint rows through
     the tensor descriptor ``ck_desc`` (:func:`_fold_chunk`).  HW: an fp8 read copy by
-    the hardware conversion (:func:`_write_rows`)."""
+    the hardware conversion (:func:`_write_rows`).  SUBST: the window's triangular
+    system inverted by forward substitution (``gdn_extra.inv_unit_lower``; fewer
+    instructions per thread in a one-warp program)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -353,7 +356,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     c_last = tl.sum(gr, axis=0)
     lower = (offs_r[None, :] < offs_r[:, None]) & ent[:, None]
     dec = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0))
-    Tm = inv_unit_lower(tl.where(lower, br[:, None] * dec * KK, 0.0), RP, LOG2RP)
+    Tm = inv_unit_lower(tl.where(lower, br[:, None] * dec * KK, 0.0), RP, LOG2RP, SUBST)
     w = tl.where(ent, tl.exp(c_last - cum), 0.0)
     ec = tl.exp(cum)
     e_last = tl.exp(c_last)
@@ -816,7 +819,8 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                 F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
                 COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
                 SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0,
-                ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False):
+                ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
+                SUBST: tl.constexpr = False):
     """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
     hk = h // (HV // HK)
     mat = slot.to(tl.int64) * HV + h
@@ -826,7 +830,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
                     0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW)
+                    HW, SUBST)
     else:
         q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                 K, RING)
@@ -836,7 +840,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                     beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW)
+                    HW, SUBST)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
@@ -851,6 +855,7 @@ def _flush_kernel(
     COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
     UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
     PF: tl.constexpr = 0, ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
+    SUBST: tl.constexpr = False,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -891,7 +896,7 @@ def _flush_kernel(
                         fresh, scr + (sl0.to(tl.int64) * (HV * NU) + u) * (BVF * K), seed,
                         bidx, sl0, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP, LOG2RP,
                         C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST, PF,
-                        ck_desc, TMA, HW)
+                        ck_desc, TMA, HW, SUBST)
     else:
         pid = tl.program_id(0)
         G = tl.num_programs(0)
@@ -934,7 +939,7 @@ def _flush_kernel(
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
                         scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
                         LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST,
-                        PF, ck_desc, TMA, HW)
+                        PF, ck_desc, TMA, HW, SUBST)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
             u += G
@@ -1805,8 +1810,8 @@ class GDNReplayCache:
             self.flush_grid == "units", scr is not None, self.fast_encode,
             self.flush_prefetch if compiled_on(q.device) else 0,
             self.ckpt.rows_descriptor(self.FB) if self.flush_tma else None, self.flush_tma,
-            self.hw_fp8 and compiled_on(q.device), num_warps=self.num_warps,
-            maxnreg=self.maxnreg,
+            self.hw_fp8 and compiled_on(q.device), self.num_warps == 1,
+            num_warps=self.num_warps, maxnreg=self.maxnreg,
         )
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:

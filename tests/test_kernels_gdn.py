@@ -279,8 +279,10 @@ CONFIGS = [
     # programs of 16-row tiles (two per program, 2-stage pipeline)
     (split("fp32", "fp8-e4m3", 5), dict(launch="staged", block_v=16, out_block_v=16,
                                         out_tiles_per_program=2, out_stages=2)),
-    # staged, the production window, masked (not eager) ring loads in the prep launch
-    (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=32, eager=False)),
+    # staged, the production window, masked (not eager) ring loads in the prep launch,
+    # one-warp flush programs (the triangular system by forward substitution)
+    (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=32, eager=False,
+                              num_warps=1)),
     # staged with an nvfp4 read copy (whole-matrix flush units; its defaults: the
     # integer-rounding encoders, the second nvfp4 pass from the fp32 scratch) ...
     (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=16)),
