@@ -558,19 +558,38 @@ def _store_ev(ptrs, value, mask, EVICT: tl.constexpr):
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def fp8_encode_hw(S):
     """:func:`encode_tile` for fp8-e4m3 (same bits: row scale ``amax / 448`` and
     ``S / scale`` by IEEE division, clamped to +-448, RNE; non-finite -> 0x7F) with the
     hardware conversion (``cvt.rn.satfinite.e4m3x2.f32``, which also does the clamp:
     finite values past 448 saturate) instead of the integer rounding.  Compiled code
-    only: the Triton interpreter's fp8 cast does not round to nearest even."""
-    fin = tl.abs(S) < float("inf")
-    amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
-    s1 = tl.math.div_rn(amax, 448.0)
-    y = div_shared(S, tl.where(s1 > 0, s1, 1.0)[:, None])
-    # non-finite elements as a positive NaN before the conversion (which gives 0x7F):
-    # one float select per element instead of one on the packed bytes
-    y = tl.where(fin, y, float("nan"))
+    only: the Triton interpreter's fp8 cast does not round to nearest even.
+
+    A tile whose rows are all finite with scales of at least 2**-64 or zero (every
+    state in practice; one NaN-propagating max per element tells) takes
+    :func:`div_shared`'s arithmetic without its per-element scaling and needs no
+    non-finite selects: 4.5 instead of 8.5 operations per element, the same bits."""
+    amax_nan = tl.reduce(tl.abs(S), 1, _max_nan)  # NaN / inf where a row has one
+    s1 = tl.math.div_rn(amax_nan, 448.0)
+    d = tl.where(s1 > 0, s1, 1.0)
+    plain = (amax_nan < float("inf")) & (d >= 5.421010862427522e-20)  # 2**-64
+    if tl.min(plain.to(tl.int32), axis=0) == 1:
+        r = tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), d)
+        q = S * r[:, None]
+        y = tl.fma(tl.fma(q, d[:, None], S * -1.0) * -1.0, r[:, None], q)
+    else:
+        fin = tl.abs(S) < float("inf")
+        amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)
+        s1 = tl.math.div_rn(amax, 448.0)
+        y = div_shared(S, tl.where(s1 > 0, s1, 1.0)[:, None])
+        # non-finite elements as a positive NaN before the conversion (which gives
+        # 0x7F): one float select per element instead of one on the packed bytes
+        y = tl.where(fin, y, float("nan"))
     c = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     return c, s1
 
