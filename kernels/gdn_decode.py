@@ -37,18 +37,20 @@ program (small batches) issues its tile load right after the slot index.
 **Flush** (the delta rule over the window, from the checkpoint), per unit of BVF
 rows of one head, in chunks of FB rows (a pipelined loop): ``P = S_c K^T`` (one
 ``tl.dot``), the window's d recomputed as ``D = RHS (I + N)^-T`` with ``N_ij = beta_i
-e^{c_i - c_j} k_i . k_j`` (j < i; the products from ``ring_kk``, the inverse by
-repeated squaring once per unit), and the rank-L fold ``S = e^{c_L} S_c + (w D) K``
-(another ``tl.dot``).  The two large products run in ``dot_precision``: "tf32x2"
-(the ring's k is exact in tf32, so only the other operand is split: two
-tensor-core passes, ~fp32 accuracy), "tf32x3" or "ieee"; the small ``(RP, RP)``
-ones in ieee fp32.  An nvfp4 copy needs its whole matrix's amax before it can
+e^{c_i - c_j} k_i . k_j`` (j < i; the products from ``ring_kk``, the inverse once
+per unit: by repeated squaring, or by forward substitution in one-warp programs), and
+the rank-L fold ``S = e^{c_L} S_c + (w D) K`` (another ``tl.dot``).  The two large
+products run in ``dot_precision``: "tf32x2" (the ring's k is exact in tf32, so only
+the other operand is split: two tensor-core passes, ~fp32 accuracy), "tf32x3" or
+"ieee"; ``RHS (I + N)^-T`` in three explicitly split tf32 passes (fp32 FMAs under
+"ieee"), the inverse in ieee fp32.  An nvfp4 copy needs its whole matrix's amax before it can
 encode: its flush units are whole matrices with two passes over the chunks (the
 first only for the amax; the recompute reads L2-hot data).  ``flush_tma``: a dense
 checkpoint's chunks arrive by TMA (tensor-descriptor bulk copies into shared memory,
 issued ahead by the chunk loop's pipeline), which leaves the loads out of the
 registers and lets one warp hold a whole unit (the staged default for an fp32
-checkpoint with no read copy or an fp8 one).
+checkpoint with no read copy or an fp8 one); an fp32 checkpoint's fresh chunks go
+back through the same descriptor (TMA bulk stores from shared memory).
 
 Launch modes of a step: ``"fused"`` -- one launch; a flushing slot's programs run
 the output loop (results unused) and then flush their own tiles; ``"split"`` -- a
@@ -1301,7 +1303,14 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     3057).  The fp8 copy is encoded by the hardware conversion (``hw_fp8``; eleventh
     run: fp8 flush 749 -> 609 us, 132.3 -> 122.8 us per step); with it, two stages
     lost (742 us), as did TMA-loaded nvfp4 flushes in 1- or 2-warp programs (1353 /
-    1324 against 1312 us) and 2 or 3 stages for fp32 (570 / 555 against 468)."""
+    1324 against 1312 us) and 2 or 3 stages for fp32 (570 / 555 against 468).  Twelfth
+    run (same-process timings, qwen3.5-4b / 122b): the window's deltas by split tf32
+    tensor-core passes instead of fp32 FMAs and the fp32 checkpoint stored by TMA
+    (fp32 flush 476 -> 411 / 934 -> 843 us, fp8 616 -> 549), the triangular system by
+    forward substitution in one-warp flush programs (fp32 410 -> 383 / 841 -> 754,
+    fp8 551 -> 494), the fp8 encoder's finite-tile path (fp8 493 -> 467 / 965 -> 915);
+    re-timed then, two chunks of L2 prefetch (415 / 525 against 381 / 482 us), none
+    (419) or two stages at 6 per SM (392 / 531) still lost."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1437,6 +1446,8 @@ class GDNReplayCache:
       ``"tf32x2"`` (two tensor-core passes: the other operand, the ring's k, must be
       exact in tf32 -- a bf16 or fp16 ring; with an fp32 ring it means ``"tf32x3"``),
       ``"tf32x3"`` (three passes) or ``"ieee"`` (fp32 FMAs).  Default: ``"tf32x2"``.
+      The window's deltas ``RHS (I + N)^-T`` take three explicitly split tf32 passes
+      unless ``"ieee"``.
     * ``verify_block_v`` / ``verify_num_warps`` / ``verify_stages``: the verify kernel.
     * ``flush_grid``: ``"persistent"`` (default) or ``"units"`` (the split/staged flush
       launch as one program per (row, head, block_v rows) unit; programs of rows that
@@ -1452,8 +1463,9 @@ class GDNReplayCache:
       of the one being folded (0: none).
     * ``flush_tma``: the staged flush launch loads a dense checkpoint's (fp32 or 16-bit)
       chunks through a tensor descriptor (TMA bulk copies into shared memory on Hopper,
-      issued ahead by the chunk loop's ``flush_stages``-deep pipeline).  On by default
-      in the staged launch where no copy is nvfp4.
+      issued ahead by the chunk loop's ``flush_stages``-deep pipeline) and stores an
+      fp32 checkpoint's fresh chunks back through it.  On by default in the staged
+      launch where no copy is nvfp4.
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
       conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
       the Mamba-2 flush, the same bits).  On by default in the staged launch (offline

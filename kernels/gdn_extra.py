@@ -10,8 +10,8 @@
   the fp32 operations differs.
 * :func:`qk_at`: the prepared q and k at given element offsets.
 * :func:`inv_unit_lower`: ``(I + N)^-1`` of a strictly lower-triangular ``N`` by
-  repeated squaring (``log2`` of its size small matrix products, no sequential
-  substitution).
+  repeated squaring (``log2`` of its size small matrix products) or by forward
+  substitution (a sixth of the multiplications, in sequence).
 """
 
 from __future__ import annotations
