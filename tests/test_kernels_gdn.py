@@ -30,6 +30,7 @@ from precisionlab.kernels.gdn_decode import (  # noqa: E402
     empty_store,
     store_into,
 )
+from precisionlab.kernels.gdn_extra import inv_unit_lower  # noqa: E402
 from precisionlab.kernels.state import StateStore  # noqa: E402
 from precisionlab.kernels.tl_formats import (  # noqa: E402
     FORMAT_IDS,
@@ -588,6 +589,28 @@ def test_flush_prefetch_changes_no_bit(ck, rd) -> None:
         outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
         res.append(outs + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
     assert_runs_same_bits(res)
+
+
+@triton.jit
+def _inverse(N_ptr, T_ptr, RP: tl.constexpr, LOG2RP: tl.constexpr, SUBST: tl.constexpr):
+    offs = tl.arange(0, RP)
+    tile = offs[:, None] * RP + offs[None, :]
+    tl.store(T_ptr + tile, inv_unit_lower(tl.load(N_ptr + tile), RP, LOG2RP, SUBST))
+
+
+@pytest.mark.parametrize("RP", [16, 32])
+def test_inverse_of_the_window_system(RP) -> None:
+    """Both inverses of the flush's ``I + N`` (repeated squaring; forward substitution,
+    the one-warp flush's) are ``(I + N)^-1`` to fp32 accuracy, for a system like the
+    window's (``|N_ij| <= 1``: betas, decays and products of unit vectors)."""
+    g = torch.Generator().manual_seed(5)
+    N = torch.tril(torch.empty(RP, RP).uniform_(-1, 1, generator=g), diagonal=-1) * 0.5
+    ref = torch.linalg.inv(torch.eye(RP, dtype=torch.float64) + N.double())
+    for subst in (False, True):
+        T = torch.empty(RP, RP, device=DEV)
+        _inverse[(1,)](N.to(DEV), T, RP, RP.bit_length() - 1, subst, num_warps=1)
+        assert rel(T.cpu(), ref) < 1e-6, subst
+        assert torch.equal(torch.triu(T.cpu(), diagonal=1), torch.zeros(RP, RP)), subst
 
 
 @pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
