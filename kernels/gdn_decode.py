@@ -265,7 +265,7 @@ def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v
     if DOT == "ieee":
         D = tl.dot(rhs, tl.trans(Tm), input_precision="ieee")
     else:
-        D = _dot_exact_b(rhs, tl.trans(Tm), "tf32x3")
+        D = dot_fp32(rhs, tl.trans(Tm), False, False)
     return _dot_exact_b(D * w[None, :], Kr, DOT, e_last * S)
 
 
@@ -275,17 +275,11 @@ def _dot_exact_b(a, b, DOT: tl.constexpr, acc=None):
     in bf16 or fp16); ``a`` is split into its tf32 head (truncated bits) and the exact
     remainder: two tensor-core passes.  "tf32x3": both operands split so (three passes;
     explicit, so two loops computing the same rows give the same bits).  Else
-    ``tl.dot`` with that input precision."""
+    ``tl.dot`` with that input precision.  (``tl_dots.dot_fp32``'s splits.)"""
     if DOT == "tf32x2":
-        a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        r = tl.dot(a - a_hi, b, acc=acc, input_precision="tf32")
-        r = tl.dot(a_hi, b, acc=r, input_precision="tf32")
-    elif DOT == "tf32x3":  # both operands split explicitly: the same bits wherever compiled
-        a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        b_hi = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        r = tl.dot(a - a_hi, b_hi, acc=acc, input_precision="tf32")
-        r = tl.dot(a_hi, b - b_hi, acc=r, input_precision="tf32")
-        r = tl.dot(a_hi, b_hi, acc=r, input_precision="tf32")
+        r = dot_fp32(a, b, False, True, acc)
+    elif DOT == "tf32x3":
+        r = dot_fp32(a, b, False, False, acc)
     else:
         r = tl.dot(a, b, acc=acc, input_precision=DOT)
     return r

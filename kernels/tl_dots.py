@@ -41,24 +41,24 @@ def tf32_hi(x):
 
 
 @triton.jit
-def dot_fp32(a, b, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr):
-    """``a @ b`` (float32) to ~fp32 accuracy on tensor cores: an operand exact in tf32
-    (A_EXACT / B_EXACT) is used as it is, any other is split into its tf32 head and
-    remainder: 1, 2 or 3 tf32 passes."""
+def dot_fp32(a, b, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr, acc=None):
+    """``acc + a @ b`` (float32; no ``acc``: ``a @ b``) to ~fp32 accuracy on tensor
+    cores: an operand exact in tf32 (A_EXACT / B_EXACT) is used as it is, any other is
+    split into its tf32 head and remainder: 1, 2 or 3 tf32 passes."""
     if A_EXACT and B_EXACT:
-        r = tl.dot(a, b, input_precision="tf32")
+        r = tl.dot(a, b, acc=acc, input_precision="tf32")
     elif A_EXACT:
         b_hi = tf32_hi(b)
-        r = tl.dot(a, b - b_hi, input_precision="tf32")
+        r = tl.dot(a, b - b_hi, acc=acc, input_precision="tf32")
         r = tl.dot(a, b_hi, acc=r, input_precision="tf32")
     elif B_EXACT:
         a_hi = tf32_hi(a)
-        r = tl.dot(a - a_hi, b, input_precision="tf32")
+        r = tl.dot(a - a_hi, b, acc=acc, input_precision="tf32")
         r = tl.dot(a_hi, b, acc=r, input_precision="tf32")
     else:
         a_hi = tf32_hi(a)
         b_hi = tf32_hi(b)
-        r = tl.dot(a - a_hi, b_hi, input_precision="tf32")
+        r = tl.dot(a - a_hi, b_hi, acc=acc, input_precision="tf32")
         r = tl.dot(a_hi, b - b_hi, acc=r, input_precision="tf32")
         r = tl.dot(a_hi, b_hi, acc=r, input_precision="tf32")
     return r
