@@ -100,7 +100,7 @@ from .tl_common import (
     ring_store,
     softplus,
 )
-from .tl_dots import dot_fp32, tile_values
+from .tl_dots import F16_SPLIT_SCALE, dot_fp32, fp8_tile_dot, split_f16, tf32_hi, tile_values
 from .tl_formats import (
     FMT_BF16_SR,
     FMT_FP16_SR,
@@ -653,7 +653,7 @@ def _prep_kernel(
     tickets, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
-    EAGER: tl.constexpr, CONC: tl.constexpr = False,
+    EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
 ):
     """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
@@ -668,7 +668,11 @@ def _prep_kernel(
     (:func:`clocks.advance_clocks_kernel`, ordered after this launch by an event) and
     this launch leaves them alone.  No branches: every
     load but the masked ring reads (none with EAGER: the ring k and g tiles are read
-    whole and masked in registers) is issued with the slot index, next to the clock."""
+    whole and masked in registers) is issued with the slot index, next to the clock.
+    MMA (the output launch's row sums as tensor-core products): ``pqk`` gets k and q
+    as two parts each (rows k hi, k lo, q hi, q lo): MMA 1 (an fp8 copy) float16
+    :func:`tl_dots.split_f16` parts, MMA 2 (fp32) float32 tf32 heads and remainders;
+    MMA 0 their float32 values (q, k)."""
     hk = tl.program_id(0)
     bidx = tl.program_id(1)
     GRP: tl.constexpr = HV // HK
@@ -712,9 +716,24 @@ def _prep_kernel(
     pos = rbase + n
     ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, (offs_k < K) & ok, RING)
     tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0), mask=ok)
-    qb = pqk + (bidx * HK + hk) * (2 * K)
-    tl.store(qb + offs_k, q, mask=ok)
-    tl.store(qb + K + offs_k, k, mask=ok)
+    if MMA != 0:
+        qb = pqk + (bidx * HK + hk) * (4 * K)
+        if MMA == 1:
+            k_hi, k_lo = split_f16(k)
+            q_hi, q_lo = split_f16(q)
+        else:
+            k_hi = tf32_hi(k)
+            q_hi = tf32_hi(q)
+            k_lo = k - k_hi
+            q_lo = q - q_hi
+        tl.store(qb + offs_k, k_hi, mask=ok)
+        tl.store(qb + K + offs_k, k_lo, mask=ok)
+        tl.store(qb + 2 * K + offs_k, q_hi, mask=ok)
+        tl.store(qb + 3 * K + offs_k, q_lo, mask=ok)
+    else:
+        qb = pqk + (bidx * HK + hk) * (2 * K)
+        tl.store(qb + offs_k, q, mask=ok)
+        tl.store(qb + K + offs_k, k, mask=ok)
     cb = pco + (bidx * HV + hs) * CW  # (GP,) row starts
     m2 = mj[:, None] & ok
     tl.store(cb[:, None] + offs_r[None, :], w * kk[None, :], mask=m2)
@@ -734,11 +753,16 @@ def _prep_kernel(
 
 @triton.jit
 def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.constexpr,
-                 RP: tl.constexpr, FMT: tl.constexpr):
+                 RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None):
     """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
     codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
     ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
-    ``k . q``."""
+    ``k . q``.  ``KQ`` (fp8 or fp32 tiles): the split k and q as one (K, 16) operand
+    (columns k hi, k lo, q hi, q lo; the prep launch's ``MMA`` parts) instead of ``k``,
+    ``q``: an fp8 tile's row sums are one fp16 tensor-core product
+    (:func:`tl_dots.fp8_tile_dot`), an fp32 tile's two tf32 ones (its tf32 head and
+    remainder), the ring's part one more (``RING``: the ring dtype, exact in tf32
+    unless fp32)."""
     offs_r = tl.arange(0, RP)
     ck = tl.load(cb + offs_r)
     cq = tl.load(cb + RP + offs_r)
@@ -746,9 +770,23 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
     alpha = tl.load(cb + 2 * RP + 1)
     beta = tl.load(cb + 2 * RP + 2)
     kqs = tl.load(cb + 2 * RP + 3)
-    Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
-    Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
-    Sq = eG * Sq0 + tl.sum(Dr * cq[:, None], axis=0)
+    if KQ is None:
+        Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
+        Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
+        Sq = eG * Sq0 + tl.sum(Dr * cq[:, None], axis=0)
+    else:
+        # columns 0, 1: S k (k's two fp16 parts, then the ring's d weighted by ck);
+        # 2, 3: S q likewise; both sums in one product each, no cross-lane reductions
+        c = tl.arange(0, KQ.shape[1])
+        C = tl.where((c == 0)[None, :], ck[:, None], tl.where((c == 2)[None, :], cq[:, None],
+                                                               0.0))
+        if FMT == K_FP8:
+            P = fp8_tile_dot(codes, KQ) * (eG * sc * (1.0 / F16_SPLIT_SCALE))[:, None]
+        else:
+            P = dot_fp32(codes, KQ, False, True) * eG
+        P = dot_fp32(tl.trans(Dr), C, RING != 0, False, acc=P)
+        Sk = tl.sum(tl.where((c < 2)[None, :], P, 0.0), axis=1)
+        Sq = tl.sum(tl.where(((c >= 2) & (c < 4))[None, :], P, 0.0), axis=1)
     d = beta * (v - alpha * Sk)
     return alpha * Sq + d * kqs, d
 
@@ -758,7 +796,7 @@ def _out_kernel(
     v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     TPP: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
-    FMT: tl.constexpr, RING: tl.constexpr,
+    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0,
 ):
     """Staged launch, second of the output step.  Grid ``(HV * (V // BV) // TPP, B)``:
     TPP tiles of BV rows (one k-head group) of the stored copy.  Everything a tile
@@ -768,7 +806,9 @@ def _out_kernel(
     position (two independent loads) are back, and no program reduces over the
     ring's k.  Stores o and appends d, v at ring position n.  Rows with ``pn < 0``
     (flushing or padding) return after that load: at a flush step of the whole batch
-    the launch costs next to nothing (a masked body took 65-85 us on an H200)."""
+    the launch costs next to nothing (a masked body took 65-85 us on an H200).  MMA
+    (fp8 or fp32 copies): a tile's row sums are tensor-core products with the split k
+    and q the prep launch left in ``pqk`` (:func:`_staged_rows`)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
@@ -783,9 +823,17 @@ def _out_kernel(
         offs_r = tl.arange(0, RP)
         offs_k = tl.arange(0, K)
         valid = offs_r < n
-        qb = pqk + (bidx * HK + hk) * (2 * K)
-        q = tl.load(qb + offs_k)
-        k = tl.load(qb + K + offs_k)
+        if MMA != 0:
+            offs_c = tl.arange(0, 16)
+            KQ = tl.load(pqk + (bidx * HK + hk) * (4 * K) + offs_c[None, :] * K
+                         + offs_k[:, None], mask=(offs_c < 4)[None, :], other=0.0)
+            q = 0.0
+            k = 0.0
+        else:
+            qb = pqk + (bidx * HK + hk) * (2 * K)
+            q = tl.load(qb + offs_k)
+            k = tl.load(qb + K + offs_k)
+            KQ = None
         pos = rbase + n
         for i in tl.range(0, TPP, num_stages=NS):
             tau = tau0 + i
@@ -799,7 +847,7 @@ def _out_kernel(
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
                                    other=0.0).to(tl.float32), RING)
             o, d = _staged_rows(codes, sc, s2v, k, q, Dr, pco + (bidx * HV + h) * CW, v, K,
-                                BV, RP, FMT)
+                                BV, RP, FMT, RING, KQ)
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
@@ -1254,6 +1302,9 @@ def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool 
     return bv, triton.next_power_of_2(max(1, min(16, bv * K // 1024)))
 
 
+_MMA_KINDS = {"fp8-e4m3": 1, "fp32": 2}
+"""Copies whose output tiles can be read by tensor-core products (``out_mma``) and
+the prep launch's form of k and q for them (:func:`_prep_kernel`'s ``MMA``)."""
 _OUT_CFG = {"fp32": (16, 1), "fp8-e4m3": (16, 1), "nvfp4": (64, 2), "mxfp4": (64, 2)}
 
 
@@ -1317,7 +1368,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_stages=1, eager=True, prep_num_warps=2,
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
-                    flush_prefetch=0, flush_tma=False, hw_fp8=False)
+                    flush_prefetch=0, flush_tma=False, hw_fp8=False,
+                    out_mma=False)
     obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
     tma = checkpoint in DENSE_FORMATS and not whole
     # flush programs (warps, registers, programs per SM, pipeline stages)
@@ -1336,7 +1388,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
-                hw_fp8=read == "fp8-e4m3")
+                hw_fp8=read == "fp8-e4m3", out_mma=False)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1496,7 +1548,7 @@ class GDNReplayCache:
         flush_grid: str | None = None, flush_pass: str | None = None,
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
-        hw_fp8: bool | None = None,
+        hw_fp8: bool | None = None, out_mma: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1529,6 +1581,7 @@ class GDNReplayCache:
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
+                     out_mma=out_mma,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -1555,6 +1608,13 @@ class GDNReplayCache:
             raise ValueError(f"flush_prefetch must be >= 0, got {self.flush_prefetch}")
         self.flush_tma = bool(cfg["flush_tma"])
         self.hw_fp8 = bool(cfg["hw_fp8"])
+        self.out_mma = bool(cfg["out_mma"])
+        out_fmt = read if read is not None else checkpoint
+        if self.out_mma and (self.launch != "staged" or out_fmt not in _MMA_KINDS):
+            raise ValueError(f"out_mma needs the staged launch and a copy to read in "
+                             f"{' or '.join(_MMA_KINDS)}, got launch {self.launch!r}, "
+                             f"copy {out_fmt!r}")
+        self._mma = _MMA_KINDS[out_fmt] if self.out_mma else 0
         if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
@@ -1625,7 +1685,7 @@ class GDNReplayCache:
         coefficients and scalars per (row, v-head); the ring position per row."""
         if self.launch != "staged":
             return ()
-        return (torch.zeros((B, self.HK, 2 * self.K), dtype=torch.float32, device=device),
+        return (torch.zeros((B, self.HK, 4 * self.K), dtype=torch.float32, device=device),
                 torch.zeros((B, self.HV, self.CW), dtype=torch.float32, device=device),
                 torch.zeros((B,), dtype=torch.int32, device=device))
 
@@ -1758,11 +1818,13 @@ class GDNReplayCache:
         if self._scratch[0].shape[0] < B:
             self._scratch = self._staged_scratch(B, q.device)
         pqk, pco, pn = self._scratch
+        if self._mma == 1:
+            pqk = pqk.view(torch.float16)
         self.compiled["prep"] = _prep_kernel[(self.HK, B)](
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
             self.R, self.RP, self.CW, _pow2_at_least(self.HV // self.HK, 1), self.ring_id,
-            self.eager, CONC=concurrent, num_warps=self.prep_num_warps,
+            self.eager, CONC=concurrent, MMA=self._mma, num_warps=self.prep_num_warps,
             maxnreg=self.prep_maxnreg,
         )
 
@@ -1771,10 +1833,13 @@ class GDNReplayCache:
         pqk, pco, pn = self._scratch
         r = self.read if self.read is not None else self.ckpt
         bv, tpp = self.out_BV, self.out_TPP
+        if self._mma == 1:
+            pqk = pqk.view(torch.float16)
         self.compiled["out"] = _out_kernel[(self.HV * (self.V // bv) // tpp, B)](
             v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
             self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.R, self.RP, self.CW,
-            r.fmt_id, self.ring_id, num_warps=self.out_num_warps, maxnreg=self.out_maxnreg,
+            r.fmt_id, self.ring_id, self._mma, num_warps=self.out_num_warps,
+            maxnreg=self.out_maxnreg,
         )
 
     def _flush_scratch(self, programs: int, B: int) -> torch.Tensor | None:

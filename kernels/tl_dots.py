@@ -8,6 +8,9 @@ shared by the GDN and Mamba-2 kernels.
 * :func:`tile_values`: a stored tile (``tl_formats.load_codes`` / ``gdn_extra.load_tile``
   layout) as ``(X, row_scale)`` with ``X`` exact in tf32 for every format but fp32 (the
   verify kernels' matrix products).
+* :func:`split_f16` / :func:`fp8_tile_dot`: fp16 tensor-core products of fp8 tiles
+  (E4M3 values are exact in fp16) with float32 vectors split into two scaled fp16
+  parts (~22 significant bits), accumulated in fp32: the GDN output step's row sums.
 """
 
 from __future__ import annotations
@@ -62,6 +65,31 @@ def dot_fp32(a, b, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr, acc=None):
         r = tl.dot(a_hi, b - b_hi, acc=r, input_precision="tf32")
         r = tl.dot(a_hi, b_hi, acc=r, input_precision="tf32")
     return r
+
+
+F16_SPLIT_SCALE = tl.constexpr(4096.0)
+"""Scale of :func:`split_f16`'s parts: vectors of magnitude <= 1 (normalised q and k)
+keep both parts clear of fp16's subnormals (below 2**-14) down to ~1e-8 and below
+its largest value (65504)."""
+
+
+@triton.jit
+def split_f16(x):
+    """``(hi, lo)`` float16 with ``hi + lo = x * F16_SPLIT_SCALE`` to ~22 significant
+    bits (``x * F16_SPLIT_SCALE - hi`` is exact in float32; only ``lo`` rounds)."""
+    xs = x * F16_SPLIT_SCALE
+    hi = xs.to(tl.float16)
+    lo = (xs - hi.to(tl.float32)).to(tl.float16)
+    return hi, lo
+
+
+@triton.jit
+def fp8_tile_dot(codes, KQ):
+    """``X @ KQ`` (float32) of a (BV, K) tile of E4M3 codes (uint8) without their row
+    scales, as one fp16 tensor-core product (E4M3 values are exact in fp16) with
+    ``KQ`` (K, N) float16, e.g. :func:`split_f16` parts as columns."""
+    X = codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    return tl.dot(X, KQ, out_dtype=tl.float32)
 
 
 @triton.jit

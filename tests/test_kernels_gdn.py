@@ -303,6 +303,16 @@ CONFIGS = [
                                         flush_grid="units", fast_encode=True)),
     # ... fast mxfp4 encoder and bf16 stochastic rounding
     (split("bf16-sr", "mxfp4", 2), dict(launch="staged", block_v=16, fast_encode=True)),
+    # staged, fp8 read copy read by tensor-core products (fp16 tile, split k and q;
+    # the ring's part in tf32), tiles two per program, 2-stage pipeline ...
+    (split("fp32", "fp8-e4m3", 5), dict(launch="staged", block_v=16, out_block_v=16,
+                                        out_tiles_per_program=2, out_stages=2,
+                                        out_mma=True)),
+    # ... and over the production window, the fp8 checkpoint shared
+    (shared("fp8-e4m3", 16), dict(launch="staged", block_v=32, out_block_v=16,
+                                  out_mma=True)),
+    # ... an fp32 copy's tiles (two tf32 passes: head and remainder)
+    (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=16, out_mma=True)),
     # small-batch fused launch: fast encoders in the programs' own flushes (fp16-sr
     # checkpoint, fp8 read copy)
     (split("fp16-sr", "fp8-e4m3", 3), dict(block_v=16, fast_encode=True)),
