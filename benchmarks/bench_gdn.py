@@ -56,9 +56,9 @@ LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
                          "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 16,
                          "out_num_warps": 1, **_ONE},
          "split-fp32-fp8": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
-                            "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 16,
-                            "out_num_warps": 1, **_ONE, "fast_encode": True,
-                            "hw_fp8": True},
+                            "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 128,
+                            "out_num_warps": 2, "out_tiles_per_program": 2, "out_stages": 2,
+                            "out_mma": True, "fast_encode": True, "hw_fp8": True},
          "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
                                 "out_num_warps": 2, **_ONE, "flush_pass": "scratch",
                                 "fast_encode": True},
@@ -68,16 +68,18 @@ LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
 # the candidate with the fastest output step / flush (all candidates but the v2
 # reference share the staged launch, so the flush kernels are the same)
 OUT_KEYS = ("launch", "out_block_v", "out_num_warps", "out_tiles_per_program", "out_stages",
-            "out_maxnreg", "eager", "prep_num_warps")
+            "out_maxnreg", "eager", "prep_num_warps", "out_mma")
 FLUSH_KEYS = ("block_v", "num_warps", "flush_chunk", "flush_stages", "maxnreg",
               "flush_ctas_per_sm", "dot_precision", "flush_licm", "flush_grid", "flush_pass",
               "fast_encode", "flush_prefetch", "flush_tma", "hw_fp8")
 # 32-row tiles over 2 warps hold fewer registers than the defaults (offline sm_90,
-# qwen3.5-4b: fp8 80 against 96, nvfp4 96 against 128)
+# qwen3.5-4b: nvfp4 96 against 128); an fp8 copy: 64-row tiles alone, or the 16-row
+# 1-warp tiles with CUDA-core row sums (the default before the thirteenth H200 run)
 _OUT_ALTS = {"replay-fp32": [{"out_block_v": 32, "out_num_warps": 2},
                              {"out_block_v": 32, "out_num_warps": 4}],
-             "split-fp32-fp8": [{"out_block_v": 32, "out_num_warps": 2},
-                                {"out_block_v": 32, "out_num_warps": 4}],
+             "split-fp32-fp8": [{"out_block_v": 64, "out_num_warps": 2, **_ONE},
+                                {"out_block_v": 16, "out_num_warps": 1, **_ONE,
+                                 "out_mma": False}],
              "split-fp16sr-nvfp4": [{"out_block_v": 32, "out_num_warps": 2},
                                     {"out_block_v": 16, "out_num_warps": 1}]}
 # (loop-invariant code motion in the flush's chunk loop is on by default for fp32 and

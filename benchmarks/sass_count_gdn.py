@@ -129,7 +129,7 @@ def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dic
                     out.append((f"{d} flush {label}", fn, args, kw))
                 elif nm != "_flush_kernel" and label == "default" and only in (None, "output"):
                     out.append((f"{d} {nm.strip('_')}", fn, args, kw))
-        if only in (None, "output") and rd in ("fp8-e4m3", None):
+        if only in (None, "output"):
             for fn, args, kw in step_calls(model, ck, rd, {"out_mma": True}):
                 if _name(fn) in ("_out_kernel", "_prep_kernel"):
                     out.append((f"{d} {_name(fn).strip('_')} mma", fn, args, kw))

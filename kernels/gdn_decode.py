@@ -100,7 +100,15 @@ from .tl_common import (
     ring_store,
     softplus,
 )
-from .tl_dots import F16_SPLIT_SCALE, dot_fp32, fp8_tile_dot, split_f16, tf32_hi, tile_values
+from .tl_dots import (
+    F16_SPLIT_SCALE,
+    dot_fp32,
+    fp8_tile_dot,
+    nvfp4_tile_dot,
+    split_f16,
+    tf32_hi,
+    tile_values,
+)
 from .tl_formats import (
     FMT_BF16_SR,
     FMT_FP16_SR,
@@ -670,7 +678,7 @@ def _prep_kernel(
     load but the masked ring reads (none with EAGER: the ring k and g tiles are read
     whole and masked in registers) is issued with the slot index, next to the clock.
     MMA (the output launch's row sums as tensor-core products): ``pqk`` gets k and q
-    as two parts each (rows k hi, k lo, q hi, q lo): MMA 1 (an fp8 copy) float16
+    as two parts each (rows k hi, k lo, q hi, q lo): MMA 1 (fp8, nvfp4 copies) float16
     :func:`tl_dots.split_f16` parts, MMA 2 (fp32) float32 tf32 heads and remainders;
     MMA 0 their float32 values (q, k)."""
     hk = tl.program_id(0)
@@ -757,10 +765,11 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
     """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
     codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
     ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
-    ``k . q``.  ``KQ`` (fp8 or fp32 tiles): the split k and q as one (K, 16) operand
-    (columns k hi, k lo, q hi, q lo; the prep launch's ``MMA`` parts) instead of ``k``,
-    ``q``: an fp8 tile's row sums are one fp16 tensor-core product
-    (:func:`tl_dots.fp8_tile_dot`), an fp32 tile's two tf32 ones (its tf32 head and
+    ``k . q``.  ``KQ`` (fp8, nvfp4 or fp32 tiles): the split k and q as one (K, 16)
+    operand (columns k hi, k lo, q hi, q lo; the prep launch's ``MMA`` parts) instead of
+    ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core product
+    (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_tile_dot`), an fp32 tile's
+    two tf32 ones (its tf32 head and
     remainder), the ring's part one more (``RING``: the ring dtype, exact in tf32
     unless fp32)."""
     offs_r = tl.arange(0, RP)
@@ -782,6 +791,8 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
                                                                0.0))
         if FMT == K_FP8:
             P = fp8_tile_dot(codes, KQ) * (eG * sc * (1.0 / F16_SPLIT_SCALE))[:, None]
+        elif FMT == K_NVFP4:
+            P = nvfp4_tile_dot(codes, sc, KQ, BV, K) * (eG * s2v * (1.0 / F16_SPLIT_SCALE))
         else:
             P = dot_fp32(codes, KQ, False, True) * eG
         P = dot_fp32(tl.trans(Dr), C, RING != 0, False, acc=P)
@@ -807,7 +818,7 @@ def _out_kernel(
     ring's k.  Stores o and appends d, v at ring position n.  Rows with ``pn < 0``
     (flushing or padding) return after that load: at a flush step of the whole batch
     the launch costs next to nothing (a masked body took 65-85 us on an H200).  MMA
-    (fp8 or fp32 copies): a tile's row sums are tensor-core products with the split k
+    (fp8, nvfp4 or fp32 copies): a tile's row sums are tensor-core products with the split k
     and q the prep launch left in ``pqk`` (:func:`_staged_rows`)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
@@ -1302,10 +1313,13 @@ def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool 
     return bv, triton.next_power_of_2(max(1, min(16, bv * K // 1024)))
 
 
-_MMA_KINDS = {"fp8-e4m3": 1, "fp32": 2}
+_MMA_KINDS = {"fp8-e4m3": 1, "nvfp4": 1, "fp32": 2}
 """Copies whose output tiles can be read by tensor-core products (``out_mma``) and
 the prep launch's form of k and q for them (:func:`_prep_kernel`'s ``MMA``)."""
-_OUT_CFG = {"fp32": (16, 1), "fp8-e4m3": (16, 1), "nvfp4": (64, 2), "mxfp4": (64, 2)}
+_OUT_CFG = {"fp32": (16, 1, 1, 1), "fp8-e4m3": (128, 2, 2, 2), "nvfp4": (64, 2, 1, 1),
+            "mxfp4": (64, 2, 1, 1)}
+"""Staged output launch by the format it reads: rows per tile, warps, tiles per program,
+pipeline stages (an fp8 copy: tensor-core row sums, ``out_mma``)."""
 
 
 def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, checkpoint: str,
@@ -1355,7 +1369,14 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     forward substitution in one-warp flush programs (fp32 410 -> 383 / 841 -> 754,
     fp8 551 -> 494), the fp8 encoder's finite-tile path (fp8 493 -> 467 / 965 -> 915);
     re-timed then, two chunks of L2 prefetch (415 / 525 against 381 / 482 us), none
-    (419) or two stages at 6 per SM (392 / 531) still lost."""
+    (419) or two stages at 6 per SM (392 / 531) still lost.  An fp8 copy's output
+    tiles are read by tensor-core products (``out_mma``; thirteenth run, qwen3.5-4b /
+    122b, output step us): with 16-row 1-warp tiles 89.4 -> 90.8 / 160.6 -> 159.2, so
+    its instructions (818 -> 462 per tile, offline sm_90) were not what held it back,
+    but with fewer instructions per row larger programs pay: 128-row tiles of 2 warps,
+    two per program in a 2-stage pipeline, 68.5 / 111.2 (64-row 2-warp tiles 74.5 /
+    129.4; 128-row 2-warp tiles alone 74.7 / 122.4).  fp32 tiles by two tf32 passes
+    lost (161.2 -> 182.5 us, 119 registers per thread)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1370,7 +1391,11 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
                     out_mma=False)
-    obv, onw = _OUT_CFG.get(read or checkpoint, (16, 1))
+    out_fmt = read or checkpoint
+    obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
+    obv = min(V, obv)
+    while (v_heads // k_heads * (V // obv)) % otpp:  # tiles of a k-head group
+        otpp //= 2
     tma = checkpoint in DENSE_FORMATS and not whole
     # flush programs (warps, registers, programs per SM, pipeline stages)
     if tma and read in (None, "fp8-e4m3"):
@@ -1382,13 +1407,13 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     return dict(launch="staged", block_v=V, num_warps=fw, maxnreg=fr,
                 tiles_per_program=1, stages=1, flush_chunk=16, flush_stages=fs, out_maxnreg=0,
                 verify_maxnreg=0, prep_maxnreg=0, flush_ctas_per_sm=fc,
-                out_block_v=min(V, obv), out_num_warps=onw, out_tiles_per_program=1,
-                out_stages=1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
+                out_block_v=obv, out_num_warps=onw, out_tiles_per_program=otpp,
+                out_stages=ons if otpp > 1 else 1, verify_block_v=min(V, 16), verify_num_warps=1, verify_stages=2,
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
-                hw_fp8=read == "fp8-e4m3", out_mma=False)
+                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt == "fp8-e4m3")
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1592,6 +1617,9 @@ class GDNReplayCache:
             if flush_chunk is None:
                 cfg["flush_chunk"] = min(block_v, cfg["flush_chunk"])
         cfg.update({k: v for k, v in given.items() if v is not None})
+        if cfg["launch"] != "staged":  # defaults of the staged launch only
+            cfg["out_mma"] = bool(out_mma)
+            cfg["flush_tma"] = bool(flush_tma)
         self.config = cfg
         """The launch configuration in use (keywords of this class)."""
         self.launch = cfg["launch"]

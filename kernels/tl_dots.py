@@ -8,9 +8,10 @@ shared by the GDN and Mamba-2 kernels.
 * :func:`tile_values`: a stored tile (``tl_formats.load_codes`` / ``gdn_extra.load_tile``
   layout) as ``(X, row_scale)`` with ``X`` exact in tf32 for every format but fp32 (the
   verify kernels' matrix products).
-* :func:`split_f16` / :func:`fp8_tile_dot`: fp16 tensor-core products of fp8 tiles
-  (E4M3 values are exact in fp16) with float32 vectors split into two scaled fp16
-  parts (~22 significant bits), accumulated in fp32: the GDN output step's row sums.
+* :func:`split_f16` / :func:`fp8_tile_dot` / :func:`nvfp4_tile_dot`: fp16 tensor-core
+  products of fp8 and nvfp4 tiles (their values, an nvfp4 block scale included, are
+  exact in fp16) with float32 vectors split into two scaled fp16 parts (~22
+  significant bits), accumulated in fp32: the GDN output step's row sums.
 """
 
 from __future__ import annotations
@@ -89,6 +90,23 @@ def fp8_tile_dot(codes, KQ):
     scales, as one fp16 tensor-core product (E4M3 values are exact in fp16) with
     ``KQ`` (K, N) float16, e.g. :func:`split_f16` parts as columns."""
     X = codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    return tl.dot(X, KQ, out_dtype=tl.float32)
+
+
+@triton.jit
+def nvfp4_tile_dot(codes, sc, KQ, BV: tl.constexpr, K: tl.constexpr):
+    """``X @ KQ`` (float32) of a (BV, K) nvfp4 tile (packed E2M1 bytes ``codes``, E4M3
+    block scales ``sc`` per 16 elements; the matrix scale apart) as one fp16
+    tensor-core product.  Each nibble becomes the fp16 whose bits are ``sign << 15 |
+    mag << 9`` (its value times 2**-14, subnormal codes included), then two fp16
+    products make it exact: times 2**14, times its block scale (at most 6 significant
+    bits, between 2**-10 and 2688)."""
+    b = codes.to(tl.int32)
+    lo = (((b & 7) << 9) | ((b & 8) << 12)).to(tl.int16)
+    hi = (((b & 0x70) << 5) | ((b & 0x80) << 8)).to(tl.int16)
+    x = tl.reshape(tl.join(lo, hi), (BV, K)).to(tl.float16, bitcast=True) * 16384.0
+    bs = sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    X = tl.reshape(tl.reshape(x, (BV, K // 16, 16)) * bs[:, :, None], (BV, K))
     return tl.dot(X, KQ, out_dtype=tl.float32)
 
 

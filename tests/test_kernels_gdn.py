@@ -311,6 +311,8 @@ CONFIGS = [
     # ... and over the production window, the fp8 checkpoint shared
     (shared("fp8-e4m3", 16), dict(launch="staged", block_v=32, out_block_v=16,
                                   out_mma=True)),
+    # ... an nvfp4 copy's (its nibbles and block scales as exact fp16 values) ...
+    (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=32, out_mma=True)),
     # ... an fp32 copy's tiles (two tf32 passes: head and remainder)
     (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=16, out_mma=True)),
     # small-batch fused launch: fast encoders in the programs' own flushes (fp16-sr
@@ -327,14 +329,18 @@ def test_replay_windows_and_launches(design, cfg) -> None:
                  ring=torch.float32, **cfg)
 
 
-@pytest.mark.parametrize("design", [shared("fp32", 4), split("fp16-sr", "nvfp4", 2)],
-                         ids=lambda d: d.label)
+@pytest.mark.parametrize("design", [shared("fp32", 4), split("fp16-sr", "nvfp4", 2),
+                                    split("fp32", "fp8-e4m3", 4)], ids=lambda d: d.label)
 def test_large_batch_launch(design) -> None:
     """The large-batch defaults (staged launch: whole-head flush units in pipelined
-    16-row chunks with tf32x2 products; prep launch; output programs of one tile)."""
+    16-row chunks with tf32x2 products; prep launch; output programs of one tile, or
+    of two whole-head tiles read by tensor-core products for an fp8 copy)."""
     cache = GDNReplayCache(3, HK, HV, K, V, window=design.window, batch_hint=256,
-                           device=DEV)
-    assert cache.launch == "staged" and cache.dot == "tf32x2" and cache.out_TPP == 1
+                           device=DEV, checkpoint=design.checkpoint_format,
+                           read=None if design.kind == "shared" else design.read_format)
+    assert cache.launch == "staged" and cache.dot == "tf32x2"
+    assert cache.out_TPP == (2 if cache.out_mma else 1)
+    assert cache.out_mma == (design.read_format == "fp8-e4m3")
     check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
@@ -662,6 +668,27 @@ def test_hw_fp8_encoder_changes_no_bit() -> None:
 def test_flush_tma_rejects_what_it_cannot_load(kw) -> None:
     with pytest.raises(ValueError, match="flush_tma needs the staged launch"):
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, flush_tma=True, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(read="mxfp4", checkpoint="fp16-sr"),
+                                dict(read="fp8-e4m3", launch="split")])
+def test_out_mma_rejects_what_it_cannot_read(kw) -> None:
+    with pytest.raises(ValueError, match="out_mma needs the staged launch"):
+        GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, out_mma=True, **kw)
+
+
+def test_out_mma_is_the_staged_fp8_default() -> None:
+    """Large batches read an fp8 copy by tensor-core products in programs of two
+    128-row tiles; a launch the user picks keeps the CUDA-core row sums."""
+    c = GDNReplayCache(1, 16, 32, 128, 128, window=4, read="fp8-e4m3", device=DEV,
+                       batch_hint=256)
+    assert c.out_mma and (c.out_BV, c.out_num_warps, c.out_TPP, c.out_stages) == (128, 2, 2, 2)
+    assert not GDNReplayCache(1, 16, 32, 128, 128, window=4, read="fp8-e4m3", device=DEV,
+                              batch_hint=256, launch="split").out_mma
+    assert not GDNReplayCache(1, 16, 32, 128, 128, window=4, device=DEV, batch_hint=256).out_mma
+    # one v-head per k-head: a group has one 128-row tile, so one tile per program
+    assert GDNReplayCache(1, 16, 16, 128, 128, window=4, read="fp8-e4m3", device=DEV,
+                          batch_hint=256).out_TPP == 1
 
 
 def test_flush_prefetch_rejects_negative() -> None:
