@@ -59,8 +59,9 @@ LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
                             "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 128,
                             "out_num_warps": 2, "out_tiles_per_program": 2, "out_stages": 2,
                             "out_mma": True, "fast_encode": True, "hw_fp8": True},
-         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 64,
-                                "out_num_warps": 2, **_ONE, "flush_pass": "scratch",
+         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "out_block_v": 128,
+                                "out_num_warps": 2, "out_tiles_per_program": 2,
+                                "out_stages": 2, "out_mma": True, "flush_pass": "scratch",
                                 "fast_encode": True},
          "verify-T4": {"verify_block_v": 16, "verify_num_warps": 1, "verify_stages": 2,
                        "verify_maxnreg": 0, "verify_launch": "staged-dot"}}
@@ -80,8 +81,9 @@ _OUT_ALTS = {"replay-fp32": [{"out_block_v": 32, "out_num_warps": 2},
              "split-fp32-fp8": [{"out_block_v": 64, "out_num_warps": 2, **_ONE},
                                 {"out_block_v": 16, "out_num_warps": 1, **_ONE,
                                  "out_mma": False}],
-             "split-fp16sr-nvfp4": [{"out_block_v": 32, "out_num_warps": 2},
-                                    {"out_block_v": 16, "out_num_warps": 1}]}
+             "split-fp16sr-nvfp4": [{"out_block_v": 64, "out_num_warps": 2, **_ONE,
+                                     "out_mma": False},
+                                    {"out_block_v": 32, "out_num_warps": 1, **_ONE}]}
 # (loop-invariant code motion in the flush's chunk loop is on by default for fp32 and
 # 1-byte copies since the fourth H200 run; off is the alternative)
 _FLUSH_ALTS = [{"flush_chunk": 32}, {"flush_licm": False}]

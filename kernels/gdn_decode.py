@@ -1316,10 +1316,10 @@ def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool 
 _MMA_KINDS = {"fp8-e4m3": 1, "nvfp4": 1, "fp32": 2}
 """Copies whose output tiles can be read by tensor-core products (``out_mma``) and
 the prep launch's form of k and q for them (:func:`_prep_kernel`'s ``MMA``)."""
-_OUT_CFG = {"fp32": (16, 1, 1, 1), "fp8-e4m3": (128, 2, 2, 2), "nvfp4": (64, 2, 1, 1),
+_OUT_CFG = {"fp32": (16, 1, 1, 1), "fp8-e4m3": (128, 2, 2, 2), "nvfp4": (128, 2, 2, 2),
             "mxfp4": (64, 2, 1, 1)}
 """Staged output launch by the format it reads: rows per tile, warps, tiles per program,
-pipeline stages (an fp8 copy: tensor-core row sums, ``out_mma``)."""
+pipeline stages (fp8 and nvfp4 copies: tensor-core row sums, ``out_mma``)."""
 
 
 def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, checkpoint: str,
@@ -1375,8 +1375,10 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     its instructions (818 -> 462 per tile, offline sm_90) were not what held it back,
     but with fewer instructions per row larger programs pay: 128-row tiles of 2 warps,
     two per program in a 2-stage pipeline, 68.5 / 111.2 (64-row 2-warp tiles 74.5 /
-    129.4; 128-row 2-warp tiles alone 74.7 / 122.4).  fp32 tiles by two tf32 passes
-    lost (161.2 -> 182.5 us, 119 registers per thread)."""
+    129.4; 128-row 2-warp tiles alone 74.7 / 122.4).  An nvfp4 copy's tiles the same
+    way: 84.7 -> 82.5 / 150.4 -> 142.1 (64-row 2-warp tiles, the CUDA-core default
+    before, 85.6 / 149.4 with tensor-core sums).  fp32 tiles by two tf32 passes lost
+    (161.2 -> 182.5 us, 119 registers per thread)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
@@ -1414,7 +1416,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
-                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt == "fp8-e4m3")
+                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"))
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:

@@ -340,7 +340,7 @@ def test_large_batch_launch(design) -> None:
                            read=None if design.kind == "shared" else design.read_format)
     assert cache.launch == "staged" and cache.dot == "tf32x2"
     assert cache.out_TPP == (2 if cache.out_mma else 1)
-    assert cache.out_mma == (design.read_format == "fp8-e4m3")
+    assert cache.out_mma == (design.read_format in ("fp8-e4m3", "nvfp4"))
     check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
@@ -678,8 +678,8 @@ def test_out_mma_rejects_what_it_cannot_read(kw) -> None:
 
 
 def test_out_mma_is_the_staged_fp8_default() -> None:
-    """Large batches read an fp8 copy by tensor-core products in programs of two
-    128-row tiles; a launch the user picks keeps the CUDA-core row sums."""
+    """Large batches read an fp8 (or nvfp4) copy by tensor-core products in programs
+    of two 128-row tiles; a launch the user picks keeps the CUDA-core row sums."""
     c = GDNReplayCache(1, 16, 32, 128, 128, window=4, read="fp8-e4m3", device=DEV,
                        batch_hint=256)
     assert c.out_mma and (c.out_BV, c.out_num_warps, c.out_TPP, c.out_stages) == (128, 2, 2, 2)
