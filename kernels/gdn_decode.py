@@ -656,6 +656,59 @@ def _replay_kernel(
 
 
 @triton.jit
+def _group_gates(a_ptr, b_ptr, A_log, dt_bias, bidx, hs, mj, HV: tl.constexpr):
+    """``(g, beta)`` of value heads ``hs`` (a k-head group; ``mj`` masks padding)."""
+    a = tl.load(a_ptr + bidx * HV + hs, mask=mj, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + bidx * HV + hs, mask=mj, other=0.0).to(tl.float32)
+    A = tl.load(A_log + hs, mask=mj, other=0.0).to(tl.float32)
+    dtb = tl.load(dt_bias + hs, mask=mj, other=0.0).to(tl.float32)
+    return -tl.exp(A) * softplus(a + dtb), 1.0 / (1.0 + tl.exp(-b))
+
+
+@triton.jit
+def _group_coefs(Kr, gr, q, k, valid):
+    """A k-head group's ring products and decays from its ring k rows ``Kr`` (RP, K)
+    and its heads' ring g ``gr`` (GP, RP), both zero where not ``valid``: ``k_i . k``,
+    ``k_i . q``, ``k . q``, the weights ``w = e^{G - c_i}`` (GP, RP) and ``G`` (GP,)."""
+    kk = tl.sum(Kr * k[None, :], axis=1)
+    kq = tl.sum(Kr * q[None, :], axis=1)
+    kqs = tl.sum(k * q, axis=0)
+    cum = tl.cumsum(gr, axis=1)
+    Gs = tl.sum(gr, axis=1)
+    w = tl.where(valid[None, :], tl.exp(Gs[:, None] - cum), 0.0)
+    return kk, kq, kqs, w, Gs
+
+
+@triton.jit
+def _group_append(ring_k, ring_kk, ring_g, ring_b, pos, hk, hs, mj, k, kk, g, beta, valid, ok,
+                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, RP: tl.constexpr,
+                  RING: tl.constexpr):
+    """Append a k-head group's step at ring row ``pos`` (where ``ok``): k, its products
+    with the earlier entries (``ring_kk``), its heads' g and beta."""
+    offs_k = tl.arange(0, K)
+    offs_r = tl.arange(0, RP)
+    ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, (offs_k < K) & ok, RING)
+    tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0), mask=ok)
+    tl.store(ring_g + pos * HV + hs, g, mask=mj & ok)
+    tl.store(ring_b + pos * HV + hs, beta, mask=mj & ok)
+
+
+@triton.jit
+def _kq_parts(k, q, MMA: tl.constexpr):
+    """k and q as two parts each for tensor-core row sums: MMA 1 fp16
+    :func:`tl_dots.split_f16` parts, MMA 2 fp32 tf32 heads and remainders."""
+    if MMA == 1:
+        k_hi, k_lo = split_f16(k)
+        q_hi, q_lo = split_f16(q)
+    else:
+        k_hi = tf32_hi(k)
+        q_hi = tf32_hi(q)
+        k_lo = k - k_hi
+        q_lo = q - q_hi
+    return k_hi, k_lo, q_hi, q_lo
+
+
+@triton.jit
 def _prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k, ring_g, ring_b, ring_kk,
     tickets, pqk, pco, pn,
@@ -698,14 +751,9 @@ def _prep_kernel(
     if EAGER:
         Kraw = ring_load_raw(kptr, (offs_r < R)[:, None] & live, RING)
         graw = tl.load(gptr, mask=mj[:, None] & (offs_r < R)[None, :] & live, other=0.0)
-    a = tl.load(a_ptr + bidx * HV + hs, mask=mj, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + bidx * HV + hs, mask=mj, other=0.0).to(tl.float32)
-    A = tl.load(A_log + hs, mask=mj, other=0.0).to(tl.float32)
-    dtb = tl.load(dt_bias + hs, mask=mj, other=0.0).to(tl.float32)
+    g, beta = _group_gates(a_ptr, b_ptr, A_log, dt_bias, bidx, hs, mj, HV)
     clock = tl.load(tickets + slot64, mask=live, other=0, cache_modifier=".cg")
     q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
-    g = -tl.exp(A) * softplus(a + dtb)
-    beta = 1.0 / (1.0 + tl.exp(-b))
     n = (clock // HK) % L
     valid = offs_r < n
     if EAGER:
@@ -714,26 +762,14 @@ def _prep_kernel(
     else:
         Kr = ring_load(kptr, valid[:, None] & live, RING)
         gr = tl.load(gptr, mask=mj[:, None] & valid[None, :] & live, other=0.0)
-    kk = tl.sum(Kr * k[None, :], axis=1)
-    kq = tl.sum(Kr * q[None, :], axis=1)
-    kqs = tl.sum(k * q, axis=0)
-    cum = tl.cumsum(gr, axis=1)
-    Gs = tl.sum(gr, axis=1)
-    w = tl.where(valid[None, :], tl.exp(Gs[:, None] - cum), 0.0)
+    kk, kq, kqs, w, Gs = _group_coefs(Kr, gr, q, k, valid)
     ok = live & (n != L - 1)
     pos = rbase + n
-    ring_store(ring_k + (pos * HK + hk) * K + offs_k, k, (offs_k < K) & ok, RING)
-    tl.store(ring_kk + (pos * HK + hk) * RP + offs_r, tl.where(valid, kk, 0.0), mask=ok)
+    _group_append(ring_k, ring_kk, ring_g, ring_b, pos, hk, hs, mj, k, kk, g, beta, valid, ok,
+                  HK, HV, K, RP, RING)
     if MMA != 0:
         qb = pqk + (bidx * HK + hk) * (4 * K)
-        if MMA == 1:
-            k_hi, k_lo = split_f16(k)
-            q_hi, q_lo = split_f16(q)
-        else:
-            k_hi = tf32_hi(k)
-            q_hi = tf32_hi(q)
-            k_lo = k - k_hi
-            q_lo = q - q_hi
+        k_hi, k_lo, q_hi, q_lo = _kq_parts(k, q, MMA)
         tl.store(qb + offs_k, k_hi, mask=ok)
         tl.store(qb + K + offs_k, k_lo, mask=ok)
         tl.store(qb + 2 * K + offs_k, q_hi, mask=ok)
@@ -751,8 +787,6 @@ def _prep_kernel(
     tl.store(cb + 2 * RP + 1, tl.exp(g), mask=mo)
     tl.store(cb + 2 * RP + 2, beta, mask=mo)
     tl.store(cb + 2 * RP + 3, tl.zeros_like(beta) + kqs, mask=mo)
-    tl.store(ring_g + pos * HV + hs, g, mask=mo)
-    tl.store(ring_b + pos * HV + hs, beta, mask=mo)
     tl.store(pn + bidx, tl.where(ok, n, -1), mask=hk == 0)
     if not CONC:
         tl.debug_barrier()  # every warp has read the clock: now advance it
@@ -760,25 +794,26 @@ def _prep_kernel(
 
 
 @triton.jit
-def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.constexpr,
-                 RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None):
-    """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
-    codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
-    ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
-    ``k . q``.  ``KQ`` (fp8, nvfp4 or fp32 tiles): the split k and q as one (K, 16)
-    operand (columns k hi, k lo, q hi, q lo; the prep launch's ``MMA`` parts) instead of
-    ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core product
-    (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_tile_dot`), an fp32 tile's
-    two tf32 ones (its tf32 head and
-    remainder), the ring's part one more (``RING``: the ring dtype, exact in tf32
-    unless fp32)."""
+def _coefs_at(cb, RP: tl.constexpr):
+    """A head's coefficients as the prep launch stores them at ``cb``: ring weights
+    for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and ``k . q``."""
     offs_r = tl.arange(0, RP)
-    ck = tl.load(cb + offs_r)
-    cq = tl.load(cb + RP + offs_r)
-    eG = tl.load(cb + 2 * RP)
-    alpha = tl.load(cb + 2 * RP + 1)
-    beta = tl.load(cb + 2 * RP + 2)
-    kqs = tl.load(cb + 2 * RP + 3)
+    return (tl.load(cb + offs_r), tl.load(cb + RP + offs_r), tl.load(cb + 2 * RP),
+            tl.load(cb + 2 * RP + 1), tl.load(cb + 2 * RP + 2), tl.load(cb + 2 * RP + 3))
+
+
+@triton.jit
+def _staged_rows(codes, sc, s2v, k, q, Dr, ck, cq, eG, alpha, beta, kqs, v, K: tl.constexpr,
+                 BV: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None):
+    """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
+    codes, the ring's d rows ``Dr`` (RP, BV) and the head's coefficients
+    (:func:`_coefs_at`): ring weights ``ck``, ``cq`` for ``S k`` and ``S q``, the decay
+    ``eG``, alpha, beta and ``k . q``.  ``KQ`` (fp8, nvfp4 or fp32 tiles): the split k
+    and q as one (K, 16) operand (columns k hi, k lo, q hi, q lo; :func:`_kq_parts`)
+    instead of ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core
+    product (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_tile_dot`), an fp32
+    tile's two tf32 ones (its tf32 head and remainder), the ring's part one more
+    (``RING``: the ring dtype, exact in tf32 unless fp32)."""
     if KQ is None:
         Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
         Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
@@ -857,8 +892,9 @@ def _out_kernel(
                            + offs_v[None, :], valid[:, None] & mrow[None, :], RING)
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
                                    other=0.0).to(tl.float32), RING)
-            o, d = _staged_rows(codes, sc, s2v, k, q, Dr, pco + (bidx * HV + h) * CW, v, K,
-                                BV, RP, FMT, RING, KQ)
+            ck, cq, eG, alpha, beta, kqs = _coefs_at(pco + (bidx * HV + h) * CW, RP)
+            o, d = _staged_rows(codes, sc, s2v, k, q, Dr, ck, cq, eG, alpha, beta, kqs, v, K,
+                                BV, FMT, RING, KQ)
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
@@ -1217,8 +1253,9 @@ def _vout_kernel(
         k = tl.load(qb + K + offs_k)
         v = ring_round(tl.load(v_ptr + (row * HV + h) * V + offs_v, mask=mrow,
                                other=0.0).to(tl.float32), RING)
-        o, d = _staged_rows(codes, sc, s2v, k, q, Dall, pco + (row * HV + h) * CW, v, K, BV,
-                            RP, FMT)
+        ck, cq, eG, alpha, beta, kqs = _coefs_at(pco + (row * HV + h) * CW, RP)
+        o, d = _staged_rows(codes, sc, s2v, k, q, Dall, ck, cq, eG, alpha, beta, kqs, v, K, BV,
+                            FMT)
         dr = _write_draft(out, ring_d, ring_v, row, rbase + n + j, h, offs_v, mrow, o, d, v,
                           HV, V, RING)
         Dall = tl.where(offs_r[:, None] == n + j, dr[None, :], Dall)
