@@ -901,91 +901,6 @@ def _out_kernel(
 
 
 @triton.jit
-def _out_prep_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out, r_data, r_s1, r_s2,
-    ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    TPP: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    GP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr,
-    CONC: tl.constexpr,
-):
-    """The staged output step as one launch (``fuse_prep``): grid as
-    :func:`_out_kernel`, whose programs each do the prep launch's work for their
-    k-head group themselves (q, k, the ring products, the gates; the group's first
-    program appends k, its products, g and beta), then stream their TPP tiles.  A
-    program reads its slot's clock (P programs per slot, the clock protocol of the
-    module docstring) and returns at once where the row flushes or has no slot; it
-    advances the clock at its end unless CONC (the flush's stream does)."""
-    pid = tl.program_id(0)
-    bidx = tl.program_id(1)
-    NVB: tl.constexpr = V // BV
-    GRP: tl.constexpr = HV // HK
-    PCLK: tl.constexpr = HV * NVB // TPP
-    tau0 = pid * TPP
-    hk = tau0 // (GRP * NVB)
-    slot = tl.load(state_idx + bidx)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    clock = tl.load(tickets + slot64, mask=live, other=0, cache_modifier=".cg")
-    n = (clock // PCLK) % L
-    if live & (n != L - 1):
-        rbase = slot64 * R
-        offs_k = tl.arange(0, K)
-        offs_r = tl.arange(0, RP)
-        offs_j = tl.arange(0, GP)
-        mj = offs_j < GRP
-        hs = hk * GRP + offs_j
-        valid = offs_r < n
-        g, beta = _group_gates(a_ptr, b_ptr, A_log, dt_bias, bidx, hs, mj, HV)
-        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K,
-                                RING)
-        Kr = ring_load(ring_k + (rbase * HK + hk) * K + offs_r[:, None] * (HK * K)
-                       + offs_k[None, :], valid[:, None], RING)
-        gr = tl.load(ring_g + rbase * HV + hs[:, None] + offs_r[None, :] * HV,
-                     mask=mj[:, None] & valid[None, :], other=0.0)
-        kk, kq, kqs, w, Gs = _group_coefs(Kr, gr, q, k, valid)
-        pos = rbase + n
-        _group_append(ring_k, ring_kk, ring_g, ring_b, pos, hk, hs, mj, k, kk, g, beta, valid,
-                      tau0 % (GRP * NVB) == 0, HK, HV, K, RP, RING)
-        CK = w * kk[None, :]
-        CQ = w * kq[None, :]
-        eGs = tl.exp(Gs)
-        alphas = tl.exp(g)
-        if MMA != 0:
-            k_hi, k_lo, q_hi, q_lo = _kq_parts(k, q, MMA)
-            c = tl.arange(0, 16)[None, :]
-            KQ = tl.where(c == 0, k_hi[:, None], tl.where(c == 1, k_lo[:, None], tl.where(
-                c == 2, q_hi[:, None], tl.where(c == 3, q_lo[:, None], 0.0)))).to(k_hi.dtype)
-        else:
-            KQ = None
-        for i in tl.range(0, TPP, num_stages=NS):
-            tau = tau0 + i
-            h = tau // NVB
-            offs_v = (tau % NVB) * BV + tl.arange(0, BV)
-            mrow = offs_v < V
-            codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K,
-                                       FMT)
-            Dr = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
-                           + offs_v[None, :], valid[:, None] & mrow[None, :], RING)
-            v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
-                                   other=0.0).to(tl.float32), RING)
-            sel = offs_j == h - hk * GRP
-            ck = tl.sum(tl.where(sel[:, None], CK, 0.0), axis=0)
-            cq = tl.sum(tl.where(sel[:, None], CQ, 0.0), axis=0)
-            eG = tl.sum(tl.where(sel, eGs, 0.0), axis=0)
-            alpha = tl.sum(tl.where(sel, alphas, 0.0), axis=0)
-            be = tl.sum(tl.where(sel, beta, 0.0), axis=0)
-            o, d = _staged_rows(codes, sc, s2v, k, q, Dr, ck, cq, eG, alpha, be, kqs, v, K, BV,
-                                FMT, RING, KQ)
-            tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
-            ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
-            ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
-    if not CONC:
-        tl.debug_barrier()  # every warp has read the clock: now advance it
-        tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")
-
-
-@triton.jit
 def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, c_s1, c_s2,
                 f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh, scr, seed,
                 bidx, slot, h, part, n, t,
@@ -1514,7 +1429,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, fuse_prep=False)
+                    out_mma=False)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -1538,8 +1453,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
-                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                fuse_prep=False)
+                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"))
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1671,9 +1585,6 @@ class GDNReplayCache:
     * ``out_mma``: the staged output launch's row sums as tensor-core products
       (:func:`_staged_rows`; fp8 and nvfp4 copies in fp16, fp32 ones in two tf32
       passes).  On by default in the staged launch for fp8 and nvfp4 copies.
-    * ``fuse_prep``: the staged output step as one launch whose programs do the prep
-      launch's work for their k-head group themselves (:func:`_out_prep_kernel`);
-      best with programs that cover a whole group (``out_tiles_per_program``).
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.
@@ -1705,7 +1616,7 @@ class GDNReplayCache:
         flush_grid: str | None = None, flush_pass: str | None = None,
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
-        hw_fp8: bool | None = None, out_mma: bool | None = None, fuse_prep: bool | None = None,
+        hw_fp8: bool | None = None, out_mma: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1738,7 +1649,7 @@ class GDNReplayCache:
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
-                     out_mma=out_mma, fuse_prep=fuse_prep,
+                     out_mma=out_mma,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -1752,7 +1663,6 @@ class GDNReplayCache:
         if cfg["launch"] != "staged":  # defaults of the staged launch only
             cfg["out_mma"] = bool(out_mma)
             cfg["flush_tma"] = bool(flush_tma)
-            cfg["fuse_prep"] = bool(fuse_prep)
         self.config = cfg
         """The launch configuration in use (keywords of this class)."""
         self.launch = cfg["launch"]
@@ -1776,9 +1686,6 @@ class GDNReplayCache:
                              f"{' or '.join(_MMA_KINDS)}, got launch {self.launch!r}, "
                              f"copy {out_fmt!r}")
         self._mma = _MMA_KINDS[out_fmt] if self.out_mma else 0
-        self.fuse_prep = bool(cfg["fuse_prep"])
-        if self.fuse_prep and self.launch != "staged":
-            raise ValueError(f"fuse_prep needs the staged launch, got {self.launch!r}")
         if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
@@ -1856,7 +1763,7 @@ class GDNReplayCache:
     @property
     def programs_per_slot(self) -> int:
         """Programs per slot of the launch that advances the clock."""
-        if self.launch == "staged" and not self.fuse_prep:
+        if self.launch == "staged":
             return self.HK
         if self.launch == "fused":
             return self.HV * (self.V // self.BV) // self.TPP
@@ -1953,20 +1860,11 @@ class GDNReplayCache:
         launch leaves the clocks alone, and a one-program launch on the flush's stream,
         behind the flush launch and an event recorded after the prep launch, advances
         them (:func:`clocks.advance_clocks_kernel`)."""
-        if self.fuse_prep:
-            def read_clocks():
-                self._out_prep_launch(q, k, v, a, b, A_log, dt_bias, state_indices, out, True)
-
-            def rest():
-                pass
-        else:
-            def read_clocks():
-                self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent=True)
-
-            def rest():
-                self._out_launch(v, state_indices, out)
         self._flush_stream.step(
-            q.device, read_clocks, rest,
+            q.device,
+            lambda: self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices,
+                                      concurrent=True),
+            lambda: self._out_launch(v, state_indices, out),
             lambda: self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices,
                                 out, commit=False),
             lambda: self._advance_clocks(state_indices))
@@ -1976,33 +1874,14 @@ class GDNReplayCache:
         flush launch and the prep launch (:func:`clocks.advance_clocks_kernel`)."""
         B = state_indices.shape[0]
         self.compiled["advance"] = advance_clocks_kernel[(1,)](
-            self.counters.tickets, state_indices, B, self.programs_per_slot,
-            _pow2_at_least(B, 256),
+            self.counters.tickets, state_indices, B, self.HK, _pow2_at_least(B, 256),
             num_warps=4)
 
     def _staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out,
                 concurrent: bool = False) -> None:
-        """The staged output step: the prep launch, then the output launch (or, with
-        ``fuse_prep``, one launch doing both)."""
-        if self.fuse_prep:
-            self._out_prep_launch(q, k, v, a, b, A_log, dt_bias, state_indices, out, concurrent)
-            return
+        """The staged output step: the prep launch, then the output launch."""
         self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent)
         self._out_launch(v, state_indices, out)
-
-    def _out_prep_launch(self, q, k, v, a, b, A_log, dt_bias, state_indices, out,
-                         concurrent: bool) -> None:
-        B = q.shape[0]
-        r = self.read if self.read is not None else self.ckpt
-        bv, tpp = self.out_BV, self.out_TPP
-        self.compiled["out"] = _out_prep_kernel[(self.HV * (self.V // bv) // tpp, B)](
-            q, k, v, a, b, A_log, dt_bias, state_indices, out, *r.kernel_args(), self.ring_k,
-            self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
-            self.counters.tickets, self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages,
-            self.L, self.R, self.RP, _pow2_at_least(self.HV // self.HK, 1), r.fmt_id,
-            self.ring_id, self._mma, concurrent, num_warps=self.out_num_warps,
-            maxnreg=self.out_maxnreg,
-        )
 
     def _prep_launch(self, q, k, a, b, A_log, dt_bias, state_indices,
                      concurrent: bool = False) -> None:

@@ -315,16 +315,6 @@ CONFIGS = [
     (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=32, out_mma=True)),
     # ... an fp32 copy's tiles (two tf32 passes: head and remainder)
     (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=16, out_mma=True)),
-    # the staged output step as one launch (fuse_prep): fp8 tensor-core tiles, a whole
-    # k-head group per program; fp32 tiles with CUDA-core sums, two programs per group;
-    # nvfp4 over the production window
-    (split("fp32", "fp8-e4m3", 5), dict(launch="staged", block_v=16, out_block_v=16,
-                                        out_tiles_per_program=4, out_stages=2,
-                                        out_mma=True, fuse_prep=True)),
-    (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=16,
-                              out_tiles_per_program=2, fuse_prep=True)),
-    (split("fp16-sr", "nvfp4", 16), dict(launch="staged", out_block_v=32, out_mma=True,
-                                         fuse_prep=True)),
     # small-batch fused launch: fast encoders in the programs' own flushes (fp16-sr
     # checkpoint, fp8 read copy)
     (split("fp16-sr", "fp8-e4m3", 3), dict(block_v=16, fast_encode=True)),
@@ -487,19 +477,17 @@ def _staggered_cache(B: int, L: int, **kw) -> GDNReplayCache:
     return cache
 
 
-@pytest.mark.parametrize("fuse_prep", [False, True], ids=["prep-launch", "fused-prep"])
-def test_staggered_phases_staged_equals_fused(fuse_prep) -> None:
+def test_staggered_phases_staged_equals_fused() -> None:
     """Sequences at different ring positions (admitted on different steps): at every
     step some rows flush while the others output.  The staged launches (a flushing
-    row's programs of the prep and output launches do nothing; or one launch doing
-    both) give the fused launch's outputs, clocks and checkpoints."""
+    row's programs of the prep and output launches do nothing) give the fused launch's
+    outputs, clocks and checkpoints."""
     B, L = 3, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=5)
     idx = torch.arange(B, dtype=torch.int32, device=DEV)
     res = {}
     for launch in ("fused", "staged"):
-        kw = dict(fuse_prep=fuse_prep) if launch == "staged" else {}
-        cache = _staggered_cache(B, L, launch=launch, **kw)
+        cache = _staggered_cache(B, L, launch=launch)
         outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx) for r in raws]
         res[launch] = outs, cache.ring_len.tolist(), cache.ckpt.codes.clone()
     for a, b in zip(res["fused"][0], res["staged"][0], strict=True):
@@ -532,9 +520,8 @@ def test_gdn_bench_times_staggered_phases() -> None:
                      phases="random")
 
 
-@pytest.mark.parametrize("grid,fuse_prep", [("persistent", False), ("units", False),
-                                            ("persistent", True)])
-def test_staged_flush_after_prep_equals_before(grid, fuse_prep) -> None:
+@pytest.mark.parametrize("grid", ["persistent", "units"])
+def test_staged_flush_after_prep_equals_before(grid) -> None:
     """On a GPU the staged step's flush launch runs on its own stream, so it may run
     after the prep and output launches.  With the concurrent protocol (the prep launch
     leaves the clocks alone; a launch behind the flush and the prep launch advances
@@ -548,7 +535,7 @@ def test_staged_flush_after_prep_equals_before(grid, fuse_prep) -> None:
     res = []
     for flush_last in (False, True):
         cache = _staggered_cache(B, L, launch="staged", concurrent_flush=False,
-                                 flush_grid=grid, fuse_prep=fuse_prep)
+                                 flush_grid=grid)
         outs = []
         for r in raws:
             q, k, v, a, b = (t.contiguous() for t in args(r))
@@ -566,17 +553,13 @@ def test_staged_flush_after_prep_equals_before(grid, fuse_prep) -> None:
         res.append(outs + cache.ckpt.tensors() + cache.read.tensors()
                    + [cache.counters.tickets.clone()])
     assert_runs_same_bits(res)
-    start = _staggered_cache(B, L, launch="staged", fuse_prep=fuse_prep)
-    P = start.programs_per_slot
-    assert P == (HV * V // 16 if fuse_prep else HK)  # one program per 16-row tile
-    advanced = res[1][-1] - start.counters.tickets
-    assert advanced.tolist() == [len(raws) * P, len(raws) * P, 0, len(raws) * P]
+    advanced = res[1][-1] - _staggered_cache(B, L, launch="staged").counters.tickets
+    assert advanced.tolist() == [len(raws) * HK, len(raws) * HK, 0, len(raws) * HK]
 
 
 # ---------------------------------------------------------------- GPU only
 @pytest.mark.skipif(DEVICE != "cuda", reason="streams and CUDA graphs need a GPU")
-@pytest.mark.parametrize("fuse_prep", [False, True], ids=["prep-launch", "fused-prep"])
-def test_concurrent_flush_equals_sequential_in_a_graph(fuse_prep) -> None:
+def test_concurrent_flush_equals_sequential_in_a_graph() -> None:
     """The flush launch on its own stream (``concurrent_flush``), captured in a CUDA
     graph, writes the same bits as the sequential staged step, with rows at different
     ring positions so that flushes and outputs share steps."""
@@ -586,8 +569,7 @@ def test_concurrent_flush_equals_sequential_in_a_graph(fuse_prep) -> None:
     a = args(raws[0])
     res = {}
     for conc in (False, True):
-        cache = _staggered_cache(B, L, launch="staged", concurrent_flush=conc,
-                                 fuse_prep=fuse_prep)
+        cache = _staggered_cache(B, L, launch="staged", concurrent_flush=conc)
         out = torch.empty(B, HV, V, device=DEV)
         cache.step(*a, params.A_log, params.dt_bias, idx, out=out)  # compile
         g = torch.cuda.CUDAGraph()
