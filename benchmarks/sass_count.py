@@ -270,9 +270,6 @@ def variants(model: str) -> list[tuple[str, str, list]]:
             out.append((f"split-{d} flush {enc}", "flush", calls[:1]))
             if enc == "ref":
                 out.append((f"split-{d} output", "output", calls[1:]))
-                if rd in ("fp8-e4m3", "nvfp4"):  # row dots on the tensor cores
-                    mma = split_calls(model, ck, rd, SplitConfig(out_mma=True))
-                    out.append((f"split-{d} output mma", "output", mma[1:]))
     out.append(("verify-T4 fp32 single", "verify", verify_calls(model, "fp32", None, "single")))
     reads = {"fp32": ("fp32", None), "fp8": ("fp32", "fp8-e4m3"), "nvfp4": ("fp16-sr", "nvfp4")}
     prep = True

@@ -75,7 +75,6 @@ from .tl_common import (
     ring_round,
     ring_store,
 )
-from .tl_dots import rows_dot_f16, split_f16
 from .tl_formats import (
     K_FP8,
     K_MXFP4,
@@ -186,7 +185,7 @@ def m2_weights_kernel(
     s_dtb, s_Bb, s_Cb, H, G, L, LR,
     N: tl.constexpr, RB: tl.constexpr, HPG: tl.constexpr, RING: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, pos=None,
-    CONC: tl.constexpr = False, csp=None, MMA: tl.constexpr = False,
+    CONC: tl.constexpr = False,
 ):
     """Ring weights for :func:`m2_out_heads_kernel` (``WEIGHTS``;
     ``SplitConfig.out_weights="launch"``), a program per (B/C group ``g``, batch row
@@ -199,9 +198,7 @@ def m2_weights_kernel(
 
     ``CONC`` (the flush launch on a second stream): the group-0 programs write the
     rows' ring positions to ``pos`` for the output launch; the clocks are advanced by
-    :func:`clocks.advance_clocks_kernel`, which the streams order after this launch.
-    ``MMA`` (the output launch's row dots on the tensor cores): C's two fp16 parts
-    (:func:`tl_dots.split_f16`) as ``2 N`` halves at ``csp[(b G + g) 2 N]``."""
+    :func:`clocks.advance_clocks_kernel`, which the streams order after this launch."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -220,10 +217,6 @@ def m2_weights_kernel(
         C_t = tl.load(C_ptr + b * s_Cb + g * N + offs_n).to(tl.float32)
         BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
         BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
-        if MMA:
-            c_hi, c_lo = split_f16(C_t)
-            tl.store(csp + (b * G + g) * (2 * N) + offs_n, c_hi)
-            tl.store(csp + (b * G + g) * (2 * N) + N + offs_n, c_lo)
         offs_h = tl.arange(0, HPG)
         mh = offs_h < hpg
         heads = g * hpg + offs_h
@@ -558,19 +551,13 @@ def _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, 
 @triton.jit
 def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
                   RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-                  HAS_Z: tl.constexpr, CC=None):
+                  HAS_Z: tl.constexpr):
     """Output rows ``rows`` of head ``h`` from what :func:`_heads_load` gave: the
-    packed-domain row dot (``CC``: C split for a tensor-core product instead,
-    :func:`tl_dots.rows_dot_f16`), the ring's x rows, the gate; appends x at entry ``c``."""
+    packed-domain row dot, the ring's x rows, the gate; appends x at entry ``c``."""
     codes, s1, s2, rx, xf, z = loaded
     m = rows < P
     xr = ring_round(xf, RING)
-    if CC is None:
-        y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
-    elif BT < 16:  # below the tensor cores' 16 rows
-        y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
-    else:
-        y = eL * rows_dot_f16(codes, s1, s2, CC, RD_FMT, BT, N)
+    y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
     y = y + tl.sum(wbc[:, None] * rx, axis=0) + wc * xr
     tl.store(out_b + h * P + rows, gate(y, xf, z, D_h, HAS_Z), mask=m)
     ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
@@ -579,13 +566,13 @@ def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, 
 @triton.jit
 def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
                 C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
-                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, CC=None):
+                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
     """Output rows ``rows`` (``BT`` of them) of head ``h`` (:func:`m2_out_heads_kernel`):
     their loads, then :func:`_heads_finish`."""
     loaded = _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
                          RD_FMT, BT, N, RING, HAS_Z)
     _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
-                  RD_FMT, BT, N, RING, HAS_Z, CC)
+                  RD_FMT, BT, N, RING, HAS_Z)
 
 
 @triton.jit
@@ -599,7 +586,6 @@ def m2_out_heads_kernel(
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
-    csp=None, MMA: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -610,9 +596,7 @@ def m2_out_heads_kernel(
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
     masked rows; ``SplitConfig.tail_tile``).  ``CONC`` (the flush launch on a second
-    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`.  ``MMA`` (an
-    fp8 or nvfp4 copy, with ``WEIGHTS``): every tile of 16 rows or more takes its row
-    dot as an fp16 tensor-core product with C's parts from the weights launch."""
+    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -655,11 +639,6 @@ def m2_out_heads_kernel(
         Ce = tl.load(C_b + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
         Co = tl.load(C_b + 2 * tl.arange(0, N // 2) + 1).to(tl.float32) * TWO63
         mr = offs_r < c
-        CC = None
-        if MMA:
-            cc = tl.arange(0, 16)[None, :]
-            CC = tl.load(csp + (b * G + g) * (2 * N) + cc * N + offs_n[:, None], mask=cc < 2,
-                         other=0.0)
         if not WEIGHTS:
             rB = ring_load(rB_g + offs_r[:, None] * (G * N) + offs_n[None, :], mr[:, None],
                            RING)
@@ -699,22 +678,22 @@ def m2_out_heads_kernel(
                     at = _heads_load(rt, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
                                      rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z)
                 _heads_finish(r0, a0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
-                              RD_FMT, BLOCK_P, N, RING, HAS_Z, CC)
+                              RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if NPB > 1:
                     _heads_finish(r1, a1, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, CC)
+                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     _heads_finish(rt, at, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, TAIL, N, RING, HAS_Z, CC)
+                                  D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             else:
                 for q in tl.static_range(NPB):
                     _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2,
                                 mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, CC)
+                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2,
                                 mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, CC)
+                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

@@ -28,7 +28,7 @@ from .mamba2_fast import (
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .state import DENSE_FORMATS, StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
-from .tl_formats import FMT_BF16_SR, FMT_FP8, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
+from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
 
 _RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
@@ -131,9 +131,7 @@ class SplitConfig:
     launches (``mamba2_fast``'s "Concurrent flush"); None = on for CUDA tensors.  On the
     CPU, True runs the flush after the output launch, the order a second stream may
     take.  (Starting the second stream after the weights launch instead lost 0.5-2 us per
-    step on an H200.)  ``out_mma`` ("heads" output with the weights launch, fp8 and
-    nvfp4 copies): each tile's row dot as one fp16 tensor-core product with C split in
-    two fp16 parts (``tl_dots.rows_dot_f16``); None = off.
+    step on an H200.)
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -160,7 +158,6 @@ class SplitConfig:
     out_loads_first: bool | None = None
     flush_tma: bool | None = None
     concurrent_flush: bool | None = None
-    out_mma: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -210,8 +207,6 @@ class Mamba2Cache:
     pos: torch.Tensor | None = None
     out_wts: torch.Tensor | None = None
     """Per (batch row, head) ring weights for the "heads" output launch."""
-    out_csplit: torch.Tensor | None = None
-    """Per (batch row, group) C as two fp16 parts (``SplitConfig.out_mma``)."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
     flush_stream: FlushStream = field(default_factory=FlushStream)
@@ -548,7 +543,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         if (getattr(cfg, name) or 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     for name in ("tail_tile", "evict_first", "out_loads_first", "flush_tma",
-                 "concurrent_flush", "out_mma"):
+                 "concurrent_flush"):
         if getattr(cfg, name) not in (None, True, False):
             raise ValueError(f"{name} must be true, false or unset, got {getattr(cfg, name)!r}")
     if kind not in ("heads", "tiles", "group"):
@@ -598,12 +593,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # TMA loads in two stages where the flush writes a 1-byte copy from 1-warp programs
     tma = cfg.flush_tma if cfg.flush_tma is not None else (
         tma_ok and fw == 1 and narrow and not need_amax)
-    mma = bool(cfg.out_mma)
-    if mma and not (kind == "heads" and cfg.out_weights == "launch"
-                    and rd_id in (FMT_FP8, FMT_NVFP4)):
-        raise ValueError("out_mma needs the 'heads' output kernel with out_weights 'launch' "
-                         "and an fp8-e4m3 or nvfp4 copy to read")
-    return replace(cfg, out_kernel=kind, block_p=bp, out_mma=mma,
+    return replace(cfg, out_kernel=kind, block_p=bp,
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),
@@ -683,10 +673,6 @@ def launch_split_step(
     if weights:
         cache.out_wts = device_buffer(cache.out_wts, batch * H * (RB + 4), x.device)
     wts = cache.out_wts if weights else out
-    csp = out
-    if cfg.out_mma:  # C's two fp16 parts per (row, group): N floats of room each
-        cache.out_csplit = device_buffer(cache.out_csplit, batch * G * N, x.device)
-        csp = cache.out_csplit.view(torch.float16)
     conc = weights and (cfg.concurrent_flush if cfg.concurrent_flush is not None
                         else x.is_cuda)
 
@@ -722,11 +708,11 @@ def launch_split_step(
             strides[1], strides[2], strides[3], H, G, L, LR, N=N, RB=RB,
             HPG=triton.next_power_of_2(H // G), RING=ring_id,
             HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, pos=cache.pos,
-            CONC=conc, csp=csp, MMA=cfg.out_mma, num_warps=2)
+            CONC=conc, num_warps=2)
 
     def output() -> None:
         _output_launch(cache, cfg, rd, read, ckpt, rx, rB, state_indices, x, dt, B, C, zz,
-                       out, params, D, dtb, strides, wts, weights, ring_id, flags, conc, csp)
+                       out, params, D, dtb, strides, wts, weights, ring_id, flags, conc)
 
     if not conc:
         flush()
@@ -745,7 +731,7 @@ def launch_split_step(
 def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
                    read: StateStore | None, ckpt: StateStore, rx, rB, state_indices, x, dt, B,
                    C, zz, out, params: HeadParams, D, dtb, strides, wts, weights: bool,
-                   ring_id: int, flags: dict, conc: bool, csp=None) -> None:
+                   ring_id: int, flags: dict, conc: bool) -> None:
     """The split step's output launch (``SplitConfig.out_kernel``); ``conc``: the flush
     launch runs on a second stream and the clocks are left to the clock advance."""
     slots, H, P, N = ckpt.shape
@@ -766,7 +752,7 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
-            LOADS_FIRST=cfg.out_loads_first, CONC=conc, csp=csp, MMA=cfg.out_mma, **common)
+            LOADS_FIRST=cfg.out_loads_first, CONC=conc, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -11,8 +11,7 @@ shared by the GDN and Mamba-2 kernels.
 * :func:`split_f16` / :func:`fp8_tile_dot` / :func:`nvfp4_tile_dot`: fp16 tensor-core
   products of fp8 and nvfp4 tiles (their values, an nvfp4 block scale included, are
   exact in fp16) with float32 vectors split into two scaled fp16 parts (~22
-  significant bits), accumulated in fp32: the output steps' row sums (GDN; Mamba-2
-  through :func:`rows_dot_f16`).
+  significant bits), accumulated in fp32: the GDN output step's row sums.
 """
 
 from __future__ import annotations
@@ -109,22 +108,6 @@ def nvfp4_tile_dot(codes, sc, KQ, BV: tl.constexpr, K: tl.constexpr):
     bs = sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
     X = tl.reshape(tl.reshape(x, (BV, K // 16, 16)) * bs[:, :, None], (BV, K))
     return tl.dot(X, KQ, out_dtype=tl.float32)
-
-
-@triton.jit
-def rows_dot_f16(codes, s1, s2, CC, FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr):
-    """``(BT,)`` row sums ``S c`` of an fp8 (``s1``: row scales) or nvfp4 (``s1``: block
-    scale codes, ``s2``: the matrix scale) tile as one fp16 tensor-core product with
-    ``CC`` (N, 16) float16: columns 0, 1 the :func:`split_f16` parts of ``c``, zeros
-    beyond."""
-    if FMT == K_FP8:
-        P = fp8_tile_dot(codes, CC)
-        rs = s1 * (1.0 / F16_SPLIT_SCALE)
-    else:
-        P = nvfp4_tile_dot(codes, s1, CC, BT, N)
-        rs = s2 * (1.0 / F16_SPLIT_SCALE)
-    c = tl.arange(0, CC.shape[1])[None, :]
-    return rs * tl.sum(tl.where(c < 2, P, 0.0), axis=1)
 
 
 @triton.jit

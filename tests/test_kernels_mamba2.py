@@ -254,13 +254,6 @@ SPLIT_CONFIGS = {
     "split-heads-loads-first-tail": ("split", SplitConfig(heads_per_program=1, block_p=16,
                                                           out_loads_first=True,
                                                           tail_tile=True)),
-    # output: row dots as fp16 tensor-core products (a 16-row tile; the 8-row tail tile
-    # below the tensor cores' 16 rows keeps the CUDA-core dot), loads first or not
-    "split-heads-mma": ("split", SplitConfig(heads_per_program=1, block_p=16, out_mma=True,
-                                             tail_tile=True)),
-    "split-heads-mma-loads-first": ("split", SplitConfig(heads_per_program=1, block_p=16,
-                                                         out_mma=True, out_loads_first=True,
-                                                         tail_tile=False)),
     # flush programs of four / two warps (the default: one; a chunk's row reductions
     # across warps)
     "split-flush-4warps": ("split", SplitConfig(flush_warps=4, flush_maxnreg=0)),
@@ -300,8 +293,7 @@ def test_replay_slots_padding_and_bf16_inputs(variant) -> None:
     assert cache.steps_taken().tolist() == [0, 4, 0, 0, 4]
 
 
-@pytest.mark.parametrize("mma", [False, True], ids=["cuda-core-dots", "tensor-core-dots"])
-def test_split_step_with_staggered_phases_equals_fused(mma) -> None:
+def test_split_step_with_staggered_phases_equals_fused() -> None:
     """Slots at different ring positions (admitted on different steps): every step some
     rows flush while the others output.  The split launches (nvfp4 read copy, its
     flush's scratch pass) give the one-launch kernel's outputs, checkpoints and clocks."""
@@ -312,8 +304,7 @@ def test_split_step_with_staggered_phases_equals_fused(mma) -> None:
     for launch in ("fused", "split"):
         cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format="fp16-sr",
                                      read_format="nvfp4", window=L, device=DEV, seed=3,
-                                     launch=launch, split_config=SplitConfig(
-                                         out_mma=mma and launch == "split"))
+                                     launch=launch)
         cache.load_state(state0(batch))
         stagger_clocks(cache.tickets, L, cache.programs_per_slot)
         ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
