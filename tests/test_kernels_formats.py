@@ -17,8 +17,15 @@ import triton.language as tl  # noqa: E402
 from precisionlab import formats  # noqa: E402
 from precisionlab.formats.random_bits import random_bits  # noqa: E402
 from precisionlab.kernels import codec  # noqa: E402
+from precisionlab.kernels.gdn_extra import load_tile  # noqa: E402
 from precisionlab.kernels.state import StateStore  # noqa: E402
-from precisionlab.kernels.tl_formats import FORMAT_IDS, div_shared  # noqa: E402
+from precisionlab.kernels.tl_dots import (  # noqa: E402
+    F16_SPLIT_SCALE,
+    fp8_tile_dot,
+    nvfp4_tile_dot,
+    split_f16,
+)
+from precisionlab.kernels.tl_formats import FORMAT_IDS, K_FP8, div_shared  # noqa: E402
 
 FORMATS = list(FORMAT_IDS)
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, interpreter only
@@ -168,3 +175,37 @@ def test_div_shared_is_division() -> None:
     ulp = torch.nextafter(ref.abs(), torch.tensor(float("inf"))) - ref.abs()
     assert ((out - ref).abs() <= ulp)[~big].all()
     assert torch.equal(torch.signbit(out[:, :2]), torch.signbit(x[:, :2]))
+
+
+@triton.jit
+def _rows_dot_kernel(data, s1, s2, c_ptr, o_ptr, FMT: tl.constexpr, BT: tl.constexpr,
+                     N: tl.constexpr):
+    """Row sums ``S c`` of a (BT, N) stored matrix (fp8 or nvfp4) as the GDN output step
+    takes them: one fp16 tensor-core product with c split in two fp16 parts."""
+    rows = tl.arange(0, BT)
+    codes, sc, s2v = load_tile(data, s1, s2, 0, rows, rows < BT, BT, N, FMT)
+    c_hi, c_lo = split_f16(tl.load(c_ptr + tl.arange(0, N)))
+    cc = tl.arange(0, 16)[None, :]
+    CC = tl.where(cc == 0, c_hi[:, None], tl.where(cc == 1, c_lo[:, None], 0.0)).to(tl.float16)
+    if FMT == K_FP8:
+        P = fp8_tile_dot(codes, CC) * (sc / F16_SPLIT_SCALE)[:, None]
+    else:
+        P = nvfp4_tile_dot(codes, sc, CC, BT, N) * (s2v / F16_SPLIT_SCALE)
+    tl.store(o_ptr + rows, tl.sum(tl.where(cc < 2, P, 0.0), axis=1))
+
+
+@pytest.mark.parametrize("fmt", ["fp8-e4m3", "nvfp4"])
+def test_tensor_core_row_sums_are_fp32_accurate(fmt: str) -> None:
+    """The GDN output step's row sums as fp16 tensor-core products (``tl_dots``): an fp8
+    or nvfp4 tile's values and block scales exactly in fp16, an fp32 vector (wide
+    magnitudes, not bf16-exact) in two fp16 parts: within 1e-6 of float64 sums."""
+    gen = torch.Generator().manual_seed(3)
+    BT, N = 32, 64
+    S = torch.randn(1, 1, BT, N, generator=gen) * torch.logspace(-3, 2, BT)[:, None]
+    store = StateStore.encode(S.to(DEVICE), fmt)
+    c = (torch.randn(N, generator=gen) * torch.logspace(-6, 0, N)).to(DEVICE)
+    o = torch.empty(BT, device=DEVICE)
+    _rows_dot_kernel[(1,)](*store.kernel_args(), c, o, FORMAT_IDS[fmt], BT, N)
+    X = store.decode().reshape(BT, N).double()
+    err = (o.double() - X @ c.double()).abs() / (X.abs() @ c.double().abs())
+    assert float(err.max()) < 1e-6, float(err.max())
