@@ -59,7 +59,9 @@ nothing flushes, and leaves a per-row flag), then the output launch, whose progr
 of flushing slots load nothing and only advance the clock.  The fused kernel
 carries the flush path's registers, so large batches use "split", or "staged" (the
 default there): the flush launch, a prep launch that reads and advances the clock
-(one program per sequence and k-head) and an output launch that skips flushing rows.
+(one program per sequence and k-head) and an output launch that skips flushing rows
+(an fp8 or nvfp4 copy's tiles there: their row sums as one fp16 tensor-core product
+with k and q split in two fp16 parts each, ``out_mma``).
 On a GPU the staged flush launch runs on a second stream beside the other two
 (``concurrent_flush``): they touch disjoint rows, and as either the flush or the prep
 launch may run first, the prep launch then leaves the clocks alone, and a one-program
