@@ -796,26 +796,24 @@ def _prep_kernel(
 
 
 @triton.jit
-def _coefs_at(cb, RP: tl.constexpr):
-    """A head's coefficients as the prep launch stores them at ``cb``: ring weights
-    for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and ``k . q``."""
-    offs_r = tl.arange(0, RP)
-    return (tl.load(cb + offs_r), tl.load(cb + RP + offs_r), tl.load(cb + 2 * RP),
-            tl.load(cb + 2 * RP + 1), tl.load(cb + 2 * RP + 2), tl.load(cb + 2 * RP + 3))
-
-
-@triton.jit
-def _staged_rows(codes, sc, s2v, k, q, Dr, ck, cq, eG, alpha, beta, kqs, v, K: tl.constexpr,
-                 BV: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None):
+def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.constexpr,
+                 RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None):
     """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
-    codes, the ring's d rows ``Dr`` (RP, BV) and the head's coefficients
-    (:func:`_coefs_at`): ring weights ``ck``, ``cq`` for ``S k`` and ``S q``, the decay
-    ``eG``, alpha, beta and ``k . q``.  ``KQ`` (fp8, nvfp4 or fp32 tiles): the split k
+    codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
+    ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
+    ``k . q``.  ``KQ`` (fp8, nvfp4 or fp32 tiles): the split k
     and q as one (K, 16) operand (columns k hi, k lo, q hi, q lo; :func:`_kq_parts`)
     instead of ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core
     product (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_tile_dot`), an fp32
     tile's two tf32 ones (its tf32 head and remainder), the ring's part one more
     (``RING``: the ring dtype, exact in tf32 unless fp32)."""
+    offs_r = tl.arange(0, RP)
+    ck = tl.load(cb + offs_r)
+    cq = tl.load(cb + RP + offs_r)
+    eG = tl.load(cb + 2 * RP)
+    alpha = tl.load(cb + 2 * RP + 1)
+    beta = tl.load(cb + 2 * RP + 2)
+    kqs = tl.load(cb + 2 * RP + 3)
     if KQ is None:
         Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
         Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
@@ -894,9 +892,8 @@ def _out_kernel(
                            + offs_v[None, :], valid[:, None] & mrow[None, :], RING)
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
                                    other=0.0).to(tl.float32), RING)
-            ck, cq, eG, alpha, beta, kqs = _coefs_at(pco + (bidx * HV + h) * CW, RP)
-            o, d = _staged_rows(codes, sc, s2v, k, q, Dr, ck, cq, eG, alpha, beta, kqs, v, K,
-                                BV, FMT, RING, KQ)
+            o, d = _staged_rows(codes, sc, s2v, k, q, Dr, pco + (bidx * HV + h) * CW, v, K,
+                                BV, RP, FMT, RING, KQ)
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
@@ -1255,9 +1252,8 @@ def _vout_kernel(
         k = tl.load(qb + K + offs_k)
         v = ring_round(tl.load(v_ptr + (row * HV + h) * V + offs_v, mask=mrow,
                                other=0.0).to(tl.float32), RING)
-        ck, cq, eG, alpha, beta, kqs = _coefs_at(pco + (row * HV + h) * CW, RP)
-        o, d = _staged_rows(codes, sc, s2v, k, q, Dall, ck, cq, eG, alpha, beta, kqs, v, K, BV,
-                            FMT)
+        o, d = _staged_rows(codes, sc, s2v, k, q, Dall, pco + (row * HV + h) * CW, v, K, BV,
+                            RP, FMT)
         dr = _write_draft(out, ring_d, ring_v, row, rbase + n + j, h, offs_v, mrow, o, d, v,
                           HV, V, RING)
         Dall = tl.where(offs_r[:, None] == n + j, dr[None, :], Dall)
