@@ -1750,11 +1750,13 @@ class GDNReplayCache:
         """fp32 state of each slot's last flush (``keep_fresh=True``), for inspection."""
 
     def _staged_scratch(self, B: int, device) -> tuple[torch.Tensor, ...]:
-        """The staged launch's per-step buffers: prepared q, k per (row, k-head); ring
+        """The staged launch's per-step buffers: prepared q, k per (row, k-head) (fp32, or
+        two parts each: fp16 in the same bytes, tf32 parts in twice them); ring
         coefficients and scalars per (row, v-head); the ring position per row."""
         if self.launch != "staged":
             return ()
-        return (torch.zeros((B, self.HK, 4 * self.K), dtype=torch.float32, device=device),
+        qk = (4 if self._mma == 2 else 2) * self.K
+        return (torch.zeros((B, self.HK, qk), dtype=torch.float32, device=device),
                 torch.zeros((B, self.HV, self.CW), dtype=torch.float32, device=device),
                 torch.zeros((B,), dtype=torch.int32, device=device))
 
