@@ -75,6 +75,14 @@ FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
 FLUSH_NVFP4 = [("recompute", {"flush_pass": "recompute"}),
                ("recompute+reference", {"flush_pass": "recompute", "fast_encode": False})]
 
+# the output launch's alternative to its defaults: tensor-core row sums for fp32 tiles;
+# for fp8 / nvfp4 copies the CUDA-core row sums in the tiles that were their defaults
+OUT_ALT = {"replay-fp32": ("mma", {"out_mma": True}),
+           "split-fp32-fp8": ("cuda-core 16x1", {"out_mma": False, "out_block_v": 16,
+                                                 "out_num_warps": 1}),
+           "split-fp16sr-nvfp4": ("cuda-core 64x2", {"out_mma": False, "out_block_v": 64,
+                                                     "out_num_warps": 2})}
+
 VERIFY = [("staged-dot", {}), ("staged", {"verify_launch": "staged", "verify_block_v": 32,
                                           "verify_num_warps": 2}),
           ("staged-dot bv64 w4", {"verify_block_v": 64, "verify_num_warps": 4})]
@@ -129,10 +137,11 @@ def variants(model: str, only: str | None) -> list[tuple[str, object, tuple, dic
                     out.append((f"{d} flush {label}", fn, args, kw))
                 elif nm != "_flush_kernel" and label == "default" and only in (None, "output"):
                     out.append((f"{d} {nm.strip('_')}", fn, args, kw))
-        if only in (None, "output"):
-            for fn, args, kw in step_calls(model, ck, rd, {"out_mma": True}):
+        if only in (None, "output"):  # the output launch's other row sums
+            label, cfg = OUT_ALT[d]
+            for fn, args, kw in step_calls(model, ck, rd, cfg):
                 if _name(fn) in ("_out_kernel", "_prep_kernel"):
-                    out.append((f"{d} {_name(fn).strip('_')} mma", fn, args, kw))
+                    out.append((f"{d} {_name(fn).strip('_')} {label}", fn, args, kw))
         if only in (None, "output") and rd is None:
             for label, cfg in (("eager", {"eager": True}), ("64 registers", {"prep_maxnreg": 64}),
                                ("80 registers", {"prep_maxnreg": 80})):
