@@ -222,6 +222,21 @@ def sr_round(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexp
     return tl.where(a < float("inf"), q, x)
 
 
+@triton.jit
+def sr_bf16_code(x, bits):
+    """int16 bits of :func:`sr_round` onto bf16 (``bits``: its random bits) by integer
+    arithmetic, the same bits.  For every finite x, subnormal ones too, bf16's grid is
+    fp32's shifted by 16 bits, so the rounding is one addition: ``|x|``'s bits plus
+    ``0xFFFF - (bits >> 16)`` carry into bit 16 exactly when ``u < frac`` (``u`` the
+    top 24 random bits over 2**24, ``frac`` the low 16 bits over 2**16); the sum's high
+    half, saturated at 0x7F7F, is the code.  Non-finite x: :func:`bf16_rne_bits`."""
+    b = x.to(tl.int32, bitcast=True)
+    ab = b & 0x7FFFFFFF
+    mag = tl.minimum((ab + (0xFFFF - (bits >> 16).to(tl.int32))) >> 16, 0x7F7F)
+    code = mag | ((b >> 16) & -32768)
+    return tl.where(ab < 0x7F800000, code, bf16_rne_bits(x).to(tl.int32)).to(tl.int16)
+
+
 # ------------------------------------------------------------------- minifloats
 
 
@@ -432,7 +447,7 @@ def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.con
     (stochastic formats only); ``amax_mat``: the whole matrix's finite amax (nvfp4
     only; a tile may hold part of the matrix).  Rows outside the matrix must be zero.
     ``FAST``: the integer-rounding encoders (:func:`e4m3_code_bits`, :func:`e2m1_code_bits`,
-    :func:`sr_round_fast`), fewer instructions for the same bits."""
+    :func:`sr_bf16_code`, :func:`sr_round_fast`), fewer instructions for the same bits."""
     s1 = 0.0
     s2 = 0.0
     if FMT == K_FP32:
@@ -443,10 +458,10 @@ def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.con
         codes = fp16_rne_bits(S)
     elif FMT == K_BF16_SR:
         if FAST:
-            q = sr_round_fast(S, sr_bits(index, key), 7, -126, 3.3895313892515355e38)
+            codes = sr_bf16_code(S, sr_bits(index, key))
         else:
-            q = sr_round(S, sr_bits(index, key), 7, -126, 3.3895313892515355e38)
-        codes = bf16_rne_bits(q)
+            codes = bf16_rne_bits(sr_round(S, sr_bits(index, key), 7, -126,
+                                           3.3895313892515355e38))
     elif FMT == K_FP16_SR:
         if FAST:
             q = sr_round_fast(S, sr_bits(index, key), 10, -14, 65504.0)

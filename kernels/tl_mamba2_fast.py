@@ -37,7 +37,6 @@ from .tl_formats import (
     K_FP32,
     K_NVFP4,
     bf16_bits_to_f32,
-    bf16_rne_bits,
     div_shared,
     e4m3_code,
     e4m3_value_hw,
@@ -47,6 +46,7 @@ from .tl_formats import (
     fp8_encode_hw,
     fp16_bits_to_f32,
     fp16_rne_bits,
+    sr_bf16_code,
     sr_bits,
     sr_key,
     sr_round_fast,
@@ -165,10 +165,10 @@ def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
                HW_CVT: tl.constexpr = False, FAST_ENC: tl.constexpr = False,
                SELF_AMAX: tl.constexpr = False, EVICT: tl.constexpr = False):
     """``tl_formats.store_state`` (same bits) without decoding the stored values back,
-    stochastic rounding by :func:`sr_round_fast`, (``HW_CVT``, compiled code only)
-    fp8 by :func:`fp8_encode_hw`, and (``FAST_ENC``) nvfp4 by :func:`nvfp4_encode_fast`
-    (``SELF_AMAX``: the tile holds the whole matrix, ``amax_mat`` is ignored);
-    ``EVICT``: the stores evict first from L2."""
+    stochastic rounding by :func:`sr_round_fast` / :func:`sr_bf16_code`, (``HW_CVT``,
+    compiled code only) fp8 by :func:`fp8_encode_hw`, and (``FAST_ENC``) nvfp4 by
+    :func:`nvfp4_encode_fast` (``SELF_AMAX``: the tile holds the whole matrix,
+    ``amax_mat`` is ignored); ``EVICT``: the stores evict first from L2."""
     if (FMT == K_NVFP4) and FAST_ENC:
         codes, s1, s2 = nvfp4_encode_fast(S, amax_mat, SELF_AMAX, BLOCK_P, N)
     elif (FMT == K_FP8) and HW_CVT:
@@ -176,9 +176,7 @@ def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
         s2 = 0.0
     elif FMT == K_BF16_SR:
         key = sr_key(seed, step)
-        q = sr_round_fast(S, sr_bits(element_index(mat, offs_p, P, N), key), 7, -126,
-                          3.3895313892515355e38)
-        codes = bf16_rne_bits(q)
+        codes = sr_bf16_code(S, sr_bits(element_index(mat, offs_p, P, N), key))
         s1 = 0.0
         s2 = 0.0
     elif FMT == K_FP16_SR:

@@ -109,6 +109,63 @@ def test_sr_matches_random_bits_and_is_unbiased() -> None:
     assert 0.15 < up.float().mean().item() < 0.35
 
 
+def sr_edge_values(fmt: str, gen: torch.Generator) -> torch.Tensor:
+    """(1, 1, 64, 64) fp32 around where the 16-bit SR encoders change path: the bottom
+    of fp16's normal range (2**-14) and its 2**-24 grid below, fp32's smallest normals
+    (bf16), the saturation points (65504 ... 65536, bf16's largest finite), zeros, and
+    both signs; each value with the low bits the rounding looks at spread out."""
+    if fmt == "fp16-sr":
+        edges = [0x38800000, 0x33800000, 0x477FE000, 0x47800000, 0x00800000]
+    else:
+        edges = [0x00800000, 0x00000001, 0x7F7F0000, 0x7F7FFFFF - 0xFFFF, 0x3F800000]
+    base = torch.tensor(edges, dtype=torch.int64).repeat_interleave(512)
+    off = torch.randint(-2**14, 2**14, base.shape, generator=gen)
+    bits = (base + off).clamp(0, 0x7F7FFFFF)
+    n = 64 * 64
+    rest = torch.randint(0, 0x7F800000, (n - bits.numel(),), generator=gen)
+    x = torch.cat([bits, rest]).to(torch.int32).view(torch.float32)
+    x = torch.where(torch.rand(n, generator=gen) < 0.5, -x, x)
+    x[:7] = torch.tensor([0.0, -0.0, 65504.0, 65519.99, 65520.0, -65535.0, 2.0**-24])
+    return x.reshape(1, 1, 64, 64)
+
+
+def sr_decision_values(fmt: str, seed: int, step: int, gen: torch.Generator) -> torch.Tensor:
+    """(1, 1, 64, 64) fp32 whose rounding is decided by one unit of the random draw:
+    each element's dropped bits equal its own draw's ``r`` (``bits >> 19`` for fp16,
+    ``>> 16`` for bf16) plus -1, 0 or +1, so it rounds up exactly when they exceed
+    ``r``; for fp16 a quarter of them sit below 2**-14 as ``(u + d) 2**-48`` with ``u``
+    the draw's 24 bits, on either side of the comparison ``u < frac``."""
+    shape = (1, 1, 64, 64)
+    bits = random_bits(shape, seed, step).flatten().to(torch.int64)
+    n = bits.numel()
+    d = torch.randint(-1, 2, (n,), generator=gen)
+    sh = 13 if fmt == "fp16-sr" else 16
+    exp = torch.randint(113 if sh == 13 else 1, 142, (n,), generator=gen) << 23
+    top = torch.randint(0, 2 ** (23 - sh), (n,), generator=gen) << sh
+    low = ((bits >> (32 - sh)) + d).clamp(0, 2**sh - 1)
+    x = (exp | top | low).to(torch.int32).view(torch.float32)
+    if sh == 13:
+        sub = ((bits >> 8) + d).clamp(0, 2**24 - 1).double() * 2.0**-48
+        x = torch.where(torch.arange(n) % 4 == 0, sub.float(), x)
+    x = torch.where(torch.rand(n, generator=gen) < 0.5, -x, x)
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("encoder", ENCODERS[1:])
+@pytest.mark.parametrize("fmt", ["fp16-sr", "bf16-sr"])
+def test_sr_encoders_at_their_edges(fmt: str, encoder: str) -> None:
+    """The fast SR encoders (tl_formats.sr_round_fast, sr_bf16_code) write
+    formats/' bits at the edges of their paths and at every rounding decision's
+    boundary, over several random streams."""
+    gen = torch.Generator().manual_seed(11)
+    edges = sr_edge_values(fmt, gen).to(DEVICE)
+    for seed, step in ((0, 0), (5, 1), (77, 1234), (2**31 - 1, 9)):
+        for x in (edges, sr_decision_values(fmt, seed, step, gen).to(DEVICE)):
+            ours = codec.encode(x, fmt, seed=seed, step=step, fast=encoder == "fast",
+                                hw=encoder == "hw")
+            assert_same_bits(ours, StateStore.encode(x, fmt, seed=seed, step=step))
+
+
 @pytest.mark.parametrize("fmt", ["fp8-e4m3", "nvfp4"])
 def test_rows_beyond_a_block_and_padded_matrix(fmt: str) -> None:
     """Headdim not a power of two (80 rows -> one padded 128-row tile for nvfp4)."""
