@@ -30,6 +30,7 @@ from .tl_formats import (
     K_MXFP4,
     K_NVFP4,
     bf16_bits_to_f32,
+    div_shared,
     e4m3_value_hw,
     e8m0_value,
     fp16_bits_to_f32,
@@ -42,8 +43,8 @@ def qk_at(q_ptr, k_ptr, offs, q_norm, k_norm, K: tl.constexpr, RING: tl.constexp
     """Normalised q (times K**-0.5) and ring-rounded k at element offsets ``offs`` (any
     shape), given the clamped norms: the same values, element for element, as the whole
     vectors."""
-    q = tl.math.div_rn(tl.load(q_ptr + offs).to(tl.float32), q_norm) * (K**-0.5)
-    k = ring_round(tl.math.div_rn(tl.load(k_ptr + offs).to(tl.float32), k_norm), RING)
+    q = div_shared(tl.load(q_ptr + offs).to(tl.float32), q_norm) * (K**-0.5)
+    k = ring_round(div_shared(tl.load(k_ptr + offs).to(tl.float32), k_norm), RING)
     return q, k
 
 
