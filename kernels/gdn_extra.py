@@ -42,7 +42,9 @@ from .tl_formats import e4m3_value as e4m3_value_exact
 def qk_at(q_ptr, k_ptr, offs, q_norm, k_norm, K: tl.constexpr, RING: tl.constexpr):
     """Normalised q (times K**-0.5) and ring-rounded k at element offsets ``offs`` (any
     shape), given the clamped norms: the same values, element for element, as the whole
-    vectors."""
+    vectors.  Each is divided by its norm through one correctly rounded reciprocal and
+    a corrected product (``tl_formats.div_shared``: IEEE division's values wherever
+    ``|x| > 2**-100``)."""
     q = div_shared(tl.load(q_ptr + offs).to(tl.float32), q_norm) * (K**-0.5)
     k = ring_round(div_shared(tl.load(k_ptr + offs).to(tl.float32), k_norm), RING)
     return q, k
