@@ -797,7 +797,7 @@ def _prep_kernel(
 
 @triton.jit
 def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.constexpr,
-                 RP: tl.constexpr, FMT: tl.constexpr, KQ=None):
+                 RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None):
     """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
     codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
     ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
@@ -805,8 +805,8 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
     and q as one (K, 16) operand (columns k hi, k lo, q hi, q lo; :func:`_kq_parts`)
     instead of ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core
     product (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_tile_dot`), an fp32
-    tile's two tf32 ones (its tf32 head and remainder), scaled after their row sums;
-    the ring's part ``D^T ck``, ``D^T cq`` by CUDA cores either way."""
+    tile's two tf32 ones (its tf32 head and remainder), the ring's part one more
+    (``RING``: the ring dtype, exact in tf32 unless fp32)."""
     offs_r = tl.arange(0, RP)
     ck = tl.load(cb + offs_r)
     cq = tl.load(cb + RP + offs_r)
@@ -819,23 +819,20 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
         Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
         Sq = eG * Sq0 + tl.sum(Dr * cq[:, None], axis=0)
     else:
-        # columns 0, 1: S k's two parts (k's fp16 or tf32 head and remainder); 2, 3: S q's;
-        # the ring's part by CUDA cores (a tensor-core product of it would stage D's rows
-        # in shared memory: fewer programs per SM)
+        # columns 0, 1: S k (k's two fp16 parts, then the ring's d weighted by ck);
+        # 2, 3: S q likewise; both sums in one product each, no cross-lane reductions
         c = tl.arange(0, KQ.shape[1])
+        C = tl.where((c == 0)[None, :], ck[:, None], tl.where((c == 2)[None, :], cq[:, None],
+                                                               0.0))
         if FMT == K_FP8:
-            P = fp8_tile_dot(codes, KQ)
-            scale = eG * sc * (1.0 / F16_SPLIT_SCALE)
+            P = fp8_tile_dot(codes, KQ) * (eG * sc * (1.0 / F16_SPLIT_SCALE))[:, None]
         elif FMT == K_NVFP4:
-            P = nvfp4_tile_dot(codes, sc, KQ, BV, K)
-            scale = eG * s2v * (1.0 / F16_SPLIT_SCALE)
+            P = nvfp4_tile_dot(codes, sc, KQ, BV, K) * (eG * s2v * (1.0 / F16_SPLIT_SCALE))
         else:
-            P = dot_fp32(codes, KQ, False, True)
-            scale = eG
-        lo = (c < 2)[None, :]
-        hi = ((c >= 2) & (c < 4))[None, :]
-        Sk = scale * tl.sum(tl.where(lo, P, 0.0), axis=1) + tl.sum(Dr * ck[:, None], axis=0)
-        Sq = scale * tl.sum(tl.where(hi, P, 0.0), axis=1) + tl.sum(Dr * cq[:, None], axis=0)
+            P = dot_fp32(codes, KQ, False, True) * eG
+        P = dot_fp32(tl.trans(Dr), C, RING != 0, False, acc=P)
+        Sk = tl.sum(tl.where((c < 2)[None, :], P, 0.0), axis=1)
+        Sq = tl.sum(tl.where(((c >= 2) & (c < 4))[None, :], P, 0.0), axis=1)
     d = beta * (v - alpha * Sk)
     return alpha * Sq + d * kqs, d
 
@@ -896,7 +893,7 @@ def _out_kernel(
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
                                    other=0.0).to(tl.float32), RING)
             o, d = _staged_rows(codes, sc, s2v, k, q, Dr, pco + (bidx * HV + h) * CW, v, K,
-                                BV, RP, FMT, KQ)
+                                BV, RP, FMT, RING, KQ)
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
