@@ -420,17 +420,13 @@ def div_shared(x, d):
 @triton.jit
 def sr_round_fast(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
     """:func:`sr_round` with ``|x| / ulp`` as a product by the exact power of two
-    ``1 / ulp`` (exact: the quotient is below ``2**(MBITS + 1)``; where ``1 / ulp``
-    would pass 2**127 the tiny ``|x|`` is first scaled by 2**64, also exact)."""
+    ``1 / ulp`` (exact: the quotient is below ``2**(MBITS + 1)``), for grids whose
+    ``1 / ulp`` stays below 2**127 (fp16; bf16 has :func:`sr_bf16_code`)."""
+    tl.static_assert(MBITS - EMIN <= 126, "1 / ulp would pass 2**127: use sr_bf16_code")
     a = tl.abs(x)
     e = tl.minimum(tl.maximum(exponent_of(a), EMIN), 127 + MBITS)
     ulp = pow2(e - MBITS)
-    if MBITS - EMIN > 126:  # 1 / ulp can pass 2**127 (bf16): pre-scale tiny |x| by 2**64
-        tiny = e < -64
-        v = tl.where(tiny, a * 1.8446744073709552e19, a) * pow2(MBITS - e -
-                                                                tl.where(tiny, 64, 0))
-    else:
-        v = a * pow2(MBITS - e)
+    v = a * pow2(MBITS - e)
     lo = tl.floor(v)
     u = (bits >> 8).to(tl.float32) * 5.9604644775390625e-08
     q = (lo + tl.where(u < v - lo, 1.0, 0.0)) * ulp
