@@ -35,7 +35,7 @@ import time
 # tile, all drafts' reductions as one tensor-core product).  These equal the library's
 # defaults (kernels.gdn_decode.replay_defaults).
 SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
-         "replay-fp32": {"launch": "fused", "block_v": 16, "num_warps": 4},
+         "replay-fp32": {"launch": "fused", "block_v": 16},
          "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 4,
                             "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "fused", "block_v": 128, "num_warps": 4,
@@ -147,7 +147,7 @@ SWEEP = {
 }
 
 # batch-1 alternatives (the fused launch; picked whole, by window mean)
-SWEEP_SMALL = {"replay-fp32": [{"num_warps": 2}, {"eager": False}],
+SWEEP_SMALL = {"replay-fp32": [{"num_warps": 2}, {"num_warps": 4}, {"eager": False}],
                "verify-T4": [{"verify_launch": "staged-dot", "verify_num_warps": 1,
                               "verify_stages": 2}, {"verify_num_warps": 2}]}
 

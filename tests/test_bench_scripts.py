@@ -77,6 +77,22 @@ def test_split_fields_parse_ints_and_flags() -> None:
         96, True, False, "program")
 
 
+@pytest.mark.parametrize("model,v_heads", [("qwen3.5-4b", 32), ("qwen3.5-122b", 64)])
+def test_gdn_bench_batch1_replay_fp32_takes_the_library_warps(model, v_heads) -> None:
+    """The benchmark's batch-1 replay fp32 configuration leaves the warps to the
+    library, which picks them by the grid's size (2 for qwen3.5-122b's 512 programs)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_gdn import SMALL
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from precisionlab.kernels.gdn_decode import replay_defaults
+
+    assert "num_warps" not in SMALL["replay-fp32"]
+    lib = replay_defaults(1, 16, v_heads, 128, 128, "fp32", None)
+    assert (lib["launch"], lib["num_warps"]) == ("fused", 4 if v_heads == 32 else 2)
+
+
 @pytest.mark.parametrize("variant,checkpoint,read", [
     ("replay-fp32", "fp32", None), ("split-fp32-fp8", "fp32", "fp8-e4m3"),
     ("split-fp16sr-nvfp4", "fp16-sr", "nvfp4")])

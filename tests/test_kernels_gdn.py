@@ -691,6 +691,19 @@ def test_out_mma_is_the_staged_fp8_default() -> None:
                           batch_hint=256).out_TPP == 1
 
 
+@pytest.mark.parametrize("batch,v_heads,read,warps", [
+    (1, 32, None, 4), (1, 64, None, 2), (4, 32, None, 2), (12, 64, None, 2),
+    (1, 64, "fp8-e4m3", 4), (4, 32, "fp8-e4m3", 4)])
+def test_fused_launch_warps_by_grid(batch, v_heads, read, warps) -> None:
+    """Small batches (one fused launch): programs reading fp32 tiles take 2 warps once
+    the grid passes 384 programs (more of them resident per SM), 4 below that and for
+    packed read copies; a user's ``num_warps`` wins."""
+    c = GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, read=read, device=DEV)
+    assert (c.launch, c.BV, c.num_warps) == ("fused", 16, warps)
+    assert GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, read=read, device=DEV,
+                          num_warps=8).num_warps == 8
+
+
 def test_flush_prefetch_rejects_negative() -> None:
     with pytest.raises(ValueError, match="flush_prefetch must be"):
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, flush_prefetch=-1)
