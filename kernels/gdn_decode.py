@@ -573,8 +573,9 @@ def _replay_kernel(
     EAGER (one-tile programs): the ring tiles (k, g, d) are loaded whole, right after
     the slot index and together with the clock and the state tile, and masked by the
     ring position in registers: no load waits for the clock (small batches, where the
-    chain of round trips is the step's time).  FAST: the fused flush's encoders from
-    ``tl_formats.encode_tile_with(..., FAST=True)`` (the same bits)."""
+    chain of round trips is the step's time).  One-tile programs skip the output tile's
+    arithmetic at a flush step (it would store nothing).  FAST: the fused flush's encoders
+    from ``tl_formats.encode_tile_with(..., FAST=True)`` (the same bits)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
@@ -624,10 +625,11 @@ def _replay_kernel(
             if not EAGER:
                 gr0, Dr0 = _tile_ring(ring_g, ring_d, rbase, tau0 // NVB, offs_v0, valid, HV, V,
                                       RP, RING)
-            _out_tile(codes0, sc0, s20, gr0, Dr0, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out,
-                      ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk, tau0 // NVB,
-                      tau0 % NVB, rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L, RP,
-                      R_FMT, RING)
+            if n != L - 1:  # a flushing row stores no output tile: the flush starts at once
+                _out_tile(codes0, sc0, s20, gr0, Dr0, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out,
+                          ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk, tau0 // NVB,
+                          tau0 % NVB, rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L,
+                          RP, R_FMT, RING)
         else:
             for i in tl.range(0, TPP, num_stages=NS):
                 tau = tau0 + i
