@@ -104,9 +104,11 @@ from .tl_common import (
 )
 from .tl_dots import (
     F16_SPLIT_SCALE,
+    NVFP4_WORD_SCALE,
     dot_fp32,
     fp8_tile_dot,
-    nvfp4_tile_dot,
+    nvfp4_word_dot,
+    nvfp4_word_order,
     split_f16,
     tf32_hi,
     tile_values,
@@ -806,7 +808,7 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
     ``k . q``.  ``KQ`` (fp8, nvfp4 or fp32 tiles): the split k
     and q as one (K, 16) operand (columns k hi, k lo, q hi, q lo; :func:`_kq_parts`)
     instead of ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core
-    product (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_tile_dot`), an fp32
+    product (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_word_dot`), an fp32
     tile's two tf32 ones (its tf32 head and remainder), the ring's part one more
     (``RING``: the ring dtype, exact in tf32 unless fp32)."""
     offs_r = tl.arange(0, RP)
@@ -829,7 +831,8 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
         if FMT == K_FP8:
             P = fp8_tile_dot(codes, KQ) * (eG * sc * (1.0 / F16_SPLIT_SCALE))[:, None]
         elif FMT == K_NVFP4:
-            P = nvfp4_tile_dot(codes, sc, KQ, BV, K) * (eG * s2v * (1.0 / F16_SPLIT_SCALE))
+            P = nvfp4_word_dot(codes, sc, KQ, BV, K) * (
+                eG * s2v * (NVFP4_WORD_SCALE / F16_SPLIT_SCALE))
         else:
             P = dot_fp32(codes, KQ, False, True) * eG
         P = dot_fp32(tl.trans(Dr), C, RING != 0, False, acc=P)
@@ -873,8 +876,11 @@ def _out_kernel(
         valid = offs_r < n
         if MMA != 0:
             offs_c = tl.arange(0, 16)
+            rows_kq = offs_k
+            if FMT == K_NVFP4:  # the element order of the decoded words
+                rows_kq = nvfp4_word_order(offs_k)
             KQ = tl.load(pqk + (bidx * HK + hk) * (4 * K) + offs_c[None, :] * K
-                         + offs_k[:, None], mask=(offs_c < 4)[None, :], other=0.0)
+                         + rows_kq[:, None], mask=(offs_c < 4)[None, :], other=0.0)
             q = 0.0
             k = 0.0
         else:
@@ -889,7 +895,7 @@ def _out_kernel(
             offs_v = (tau % NVB) * BV + tl.arange(0, BV)
             mrow = offs_v < V
             codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K,
-                                       FMT)
+                                       FMT, MMA != 0)
             Dr = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
                            + offs_v[None, :], valid[:, None] & mrow[None, :], RING)
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,

@@ -52,18 +52,25 @@ def qk_at(q_ptr, k_ptr, offs, q_norm, k_norm, K: tl.constexpr, RING: tl.constexp
 
 @triton.jit
 def load_tile(data, s1, s2, mat, offs_v, mask, V: tl.constexpr, K: tl.constexpr,
-              FMT: tl.constexpr):
+              FMT: tl.constexpr, WORDS: tl.constexpr = False):
     """The stored pieces of rows ``offs_v`` of matrix ``mat`` (int64, slot * heads +
     head): ``(codes, scales, matrix scale)`` shaped as ``tl_formats.load_codes`` returns
     them (rows where ``mask`` is false are not read and are zero).  One scalar int64
-    base per matrix plus int32 tile offsets (vectorised loads)."""
+    base per matrix plus int32 tile offsets (vectorised loads).  ``WORDS`` (4-bit formats):
+    the packed nibbles as (BV, K / 8) int32 words, 8 elements each (little-endian: byte
+    j of a word holds elements 2j, 2j + 1), as :func:`tl_dots.nvfp4_word_dot` takes them."""
     m2 = mask[:, None]
     sc = 0.0
     s2v = 0.0
     if (FMT == K_NVFP4) or (FMT == K_MXFP4):
-        offs_h = tl.arange(0, K // 2)
-        codes = tl.load(data + mat * (V * K // 2) + offs_v[:, None] * (K // 2) + offs_h[None, :],
-                        mask=m2, other=0)
+        if WORDS:
+            offs_w = tl.arange(0, K // 8)
+            codes = tl.load(data.to(tl.pointer_type(tl.int32)) + mat * (V * K // 8)
+                            + offs_v[:, None] * (K // 8) + offs_w[None, :], mask=m2, other=0)
+        else:
+            offs_h = tl.arange(0, K // 2)
+            codes = tl.load(data + mat * (V * K // 2) + offs_v[:, None] * (K // 2)
+                            + offs_h[None, :], mask=m2, other=0)
         if FMT == K_NVFP4:
             ob = tl.arange(0, K // 16)
             sc = tl.load(s1 + mat * (V * (K // 16)) + offs_v[:, None] * (K // 16) + ob[None, :],

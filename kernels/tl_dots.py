@@ -8,7 +8,7 @@ shared by the GDN and Mamba-2 kernels.
 * :func:`tile_values`: a stored tile (``tl_formats.load_codes`` / ``gdn_extra.load_tile``
   layout) as ``(X, row_scale)`` with ``X`` exact in tf32 for every format but fp32 (the
   verify kernels' matrix products).
-* :func:`split_f16` / :func:`fp8_tile_dot` / :func:`nvfp4_tile_dot`: fp16 tensor-core
+* :func:`split_f16` / :func:`fp8_tile_dot` / :func:`nvfp4_word_dot`: fp16 tensor-core
   products of fp8 and nvfp4 tiles (their values, an nvfp4 block scale included, are
   exact in fp16) with float32 vectors split into two scaled fp16 parts (~22
   significant bits), accumulated in fp32: the GDN output step's row sums.
@@ -93,18 +93,50 @@ def fp8_tile_dot(codes, KQ):
     return tl.dot(X, KQ, out_dtype=tl.float32)
 
 
+NVFP4_WORD_SCALE = tl.constexpr(16384.0)
+""":func:`nvfp4_word_dot` returns its product divided by this (2**14)."""
+
+
 @triton.jit
-def nvfp4_tile_dot(codes, sc, KQ, BV: tl.constexpr, K: tl.constexpr):
-    """``X @ KQ`` (float32) of a (BV, K) nvfp4 tile (packed E2M1 bytes ``codes``, E4M3
-    block scales ``sc`` per 16 elements; the matrix scale apart) as one fp16
-    tensor-core product.  Each nibble becomes the fp16 whose bits are ``sign << 15 |
-    mag << 9`` (its value times 2**-14, subnormal codes included), then two fp16
-    products make it exact: times 2**14, times its block scale (at most 6 significant
-    bits, between 2**-10 and 2688)."""
-    b = codes.to(tl.int32)
-    lo = (((b & 7) << 9) | ((b & 8) << 12)).to(tl.int16)
-    hi = (((b & 0x70) << 5) | ((b & 0x80) << 8)).to(tl.int16)
-    x = tl.reshape(tl.join(lo, hi), (BV, K)).to(tl.float16, bitcast=True) * 16384.0
+def nvfp4_word_order(cols):
+    """Element (column of the state row) that :func:`nvfp4_word_dot` puts at each of its
+    operand columns ``cols``: within each 8 columns (one word) the elements 0, 4, 1, 5,
+    2, 6, 3, 7, so each fp16 pair the decode builds is one operand register."""
+    return (cols & -8) | ((cols >> 1) & 3) | ((cols & 1) << 2)
+
+
+@triton.jit
+def _halves(x):
+    """The low and high 16 bits of int32 ``x`` as int16."""
+    return x.to(tl.int16), (x >> 16).to(tl.int16)
+
+
+@triton.jit
+def nvfp4_word_dot(words, sc, KQ, BV: tl.constexpr, K: tl.constexpr):
+    """``X @ KQ / 2**14`` (float32) of a (BV, K) nvfp4 tile loaded as int32 words
+    (``gdn_extra.load_tile(..., WORDS=True)``; E4M3 block scales ``sc`` per 16 elements,
+    the matrix scale apart) as one fp16 tensor-core product, with ``KQ``'s rows in
+    :func:`nvfp4_word_order` (``KQ[c]`` multiplies element ``nvfp4_word_order(c)``).
+
+    Each E2M1 nibble becomes the fp16 whose bits are ``sign << 15 | magnitude << 9``,
+    its value times 2**-14 (subnormal codes included), two nibbles at once: a word's
+    nibbles 0 and 4, 1 and 5, 2 and 6, 3 and 7 are 16 bits apart, so two shifts and two
+    masks of the word give both halves of one fp16 pair.  Times its block scale the
+    value stays exact in fp16 (a multiple of 2**-24 with at most 8 significant bits,
+    below 0.17), so the product is the exact product scaled by 2**-14."""
+    MAG: tl.constexpr = 0x0E000E00
+    SGN: tl.constexpr = -2147450880  # 0x80008000
+    e04 = ((words << 9) & MAG) | ((words << 12) & SGN)
+    e15 = ((words << 5) & MAG) | ((words << 8) & SGN)
+    e26 = ((words << 1) & MAG) | ((words << 4) & SGN)
+    e37 = ((words >> 3) & MAG) | (words & SGN)
+    e0, e4 = _halves(e04)
+    e1, e5 = _halves(e15)
+    e2, e6 = _halves(e26)
+    e3, e7 = _halves(e37)
+    firsts = tl.join(tl.join(e0, e2), tl.join(e1, e3))
+    seconds = tl.join(tl.join(e4, e6), tl.join(e5, e7))
+    x = tl.reshape(tl.join(firsts, seconds), (BV, K)).to(tl.float16, bitcast=True)
     bs = sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
     X = tl.reshape(tl.reshape(x, (BV, K // 16, 16)) * bs[:, :, None], (BV, K))
     return tl.dot(X, KQ, out_dtype=tl.float32)

@@ -21,11 +21,13 @@ from precisionlab.kernels.gdn_extra import load_tile  # noqa: E402
 from precisionlab.kernels.state import StateStore  # noqa: E402
 from precisionlab.kernels.tl_dots import (  # noqa: E402
     F16_SPLIT_SCALE,
+    NVFP4_WORD_SCALE,
     fp8_tile_dot,
-    nvfp4_tile_dot,
+    nvfp4_word_dot,
+    nvfp4_word_order,
     split_f16,
 )
-from precisionlab.kernels.tl_formats import FORMAT_IDS, K_FP8, div_shared  # noqa: E402
+from precisionlab.kernels.tl_formats import FORMAT_IDS, K_FP8, K_NVFP4, div_shared  # noqa: E402
 
 FORMATS = list(FORMAT_IDS)
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, interpreter only
@@ -240,14 +242,17 @@ def _rows_dot_kernel(data, s1, s2, c_ptr, o_ptr, FMT: tl.constexpr, BT: tl.const
     """Row sums ``S c`` of a (BT, N) stored matrix (fp8 or nvfp4) as the GDN output step
     takes them: one fp16 tensor-core product with c split in two fp16 parts."""
     rows = tl.arange(0, BT)
-    codes, sc, s2v = load_tile(data, s1, s2, 0, rows, rows < BT, BT, N, FMT)
-    c_hi, c_lo = split_f16(tl.load(c_ptr + tl.arange(0, N)))
+    codes, sc, s2v = load_tile(data, s1, s2, 0, rows, rows < BT, BT, N, FMT, FMT == K_NVFP4)
+    cols = tl.arange(0, N)
+    if FMT == K_NVFP4:  # the operand's rows in the order of the decoded words
+        cols = nvfp4_word_order(cols)
+    c_hi, c_lo = split_f16(tl.load(c_ptr + cols))
     cc = tl.arange(0, 16)[None, :]
     CC = tl.where(cc == 0, c_hi[:, None], tl.where(cc == 1, c_lo[:, None], 0.0)).to(tl.float16)
     if FMT == K_FP8:
         P = fp8_tile_dot(codes, CC) * (sc / F16_SPLIT_SCALE)[:, None]
     else:
-        P = nvfp4_tile_dot(codes, sc, CC, BT, N) * (s2v / F16_SPLIT_SCALE)
+        P = nvfp4_word_dot(codes, sc, CC, BT, N) * (s2v * (NVFP4_WORD_SCALE / F16_SPLIT_SCALE))
     tl.store(o_ptr + rows, tl.sum(tl.where(cc < 2, P, 0.0), axis=1))
 
 
