@@ -84,7 +84,7 @@ from .tl_formats import (
     matrix_amax,
     tile_offsets,
 )
-from .tl_mamba2_fast import TWO63, c_operands, fold_dot, row_dot, row_dot_with, store_fast
+from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
 from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
 
 
@@ -534,11 +534,11 @@ def _prefetch_out(rd_c, rd_s1, ring_x, mat, h, slot, c, P, HP, LR, offs_r, RD_FM
 @triton.jit
 def _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
                 RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-                HAS_Z: tl.constexpr, MMA: tl.constexpr):
+                HAS_Z: tl.constexpr):
     """The loads of output rows ``rows`` (``BT`` of them) of head ``h``: the stored codes
-    (MMA: as int32 words) and scales, the ring's x rows, this step's x and gate rows."""
+    and scales, the ring's x rows, this step's x and gate rows."""
     m = rows < P
-    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N, MMA)
+    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N)
     rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                    mr[:, None] & m[None, :], RING)
     xf = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
@@ -551,15 +551,13 @@ def _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, 
 @triton.jit
 def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
                   RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-                  HAS_Z: tl.constexpr, MMA: tl.constexpr):
-    """Output rows ``rows`` of head ``h`` from what :func:`_heads_load` gave: the row dot
-    (packed-domain, or MMA a tensor-core product; ``Ce``, ``Co``:
-    ``tl_mamba2_fast.c_operands``), the ring's x rows, the gate; appends x at entry
-    ``c``."""
+                  HAS_Z: tl.constexpr):
+    """Output rows ``rows`` of head ``h`` from what :func:`_heads_load` gave: the
+    packed-domain row dot, the ring's x rows, the gate; appends x at entry ``c``."""
     codes, s1, s2, rx, xf, z = loaded
     m = rows < P
     xr = ring_round(xf, RING)
-    y = eL * row_dot_with(codes, s1, s2, C_t, Ce, Co, RD_FMT, MMA, BT, N)
+    y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
     y = y + tl.sum(wbc[:, None] * rx, axis=0) + wc * xr
     tl.store(out_b + h * P + rows, gate(y, xf, z, D_h, HAS_Z), mask=m)
     ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
@@ -568,13 +566,13 @@ def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, 
 @triton.jit
 def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
                 C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
-                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, MMA: tl.constexpr):
+                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
     """Output rows ``rows`` (``BT`` of them) of head ``h`` (:func:`m2_out_heads_kernel`):
     their loads, then :func:`_heads_finish`."""
     loaded = _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
-                         RD_FMT, BT, N, RING, HAS_Z, MMA)
+                         RD_FMT, BT, N, RING, HAS_Z)
     _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
-                  RD_FMT, BT, N, RING, HAS_Z, MMA)
+                  RD_FMT, BT, N, RING, HAS_Z)
 
 
 @triton.jit
@@ -588,7 +586,6 @@ def m2_out_heads_kernel(
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
-    MMA: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -639,7 +636,8 @@ def m2_out_heads_kernel(
         C_b = C_ptr + b * s_Cb + g * N
         B_t = ring_round(tl.load(B_ptr + b * s_Bb + g * N + offs_n).to(tl.float32), RING)
         C_t = tl.load(C_b + offs_n).to(tl.float32)
-        Ce, Co = c_operands(C_b, N, MMA)
+        Ce = tl.load(C_b + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
+        Co = tl.load(C_b + 2 * tl.arange(0, N // 2) + 1).to(tl.float32) * TWO63
         mr = offs_r < c
         if not WEIGHTS:
             rB = ring_load(rB_g + offs_r[:, None] * (G * N) + offs_n[None, :], mr[:, None],
@@ -670,32 +668,32 @@ def m2_out_heads_kernel(
             if LOADS_FIRST:  # every tile's loads before the first store (<= 2 and a tail)
                 r0 = tl.arange(0, BLOCK_P)
                 a0 = _heads_load(r0, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr, rx_b,
-                                 x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, MMA)
+                                 x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if NPB > 1:
                     r1 = BLOCK_P + tl.arange(0, BLOCK_P)
                     a1 = _heads_load(r1, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                     rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, MMA)
+                                     rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     rt = NPB * BLOCK_P + tl.arange(0, TAIL)
                     at = _heads_load(rt, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                     rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z, MMA)
+                                     rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z)
                 _heads_finish(r0, a0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
-                              RD_FMT, BLOCK_P, N, RING, HAS_Z, MMA)
+                              RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if NPB > 1:
                     _heads_finish(r1, a1, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, MMA)
+                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     _heads_finish(rt, at, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, TAIL, N, RING, HAS_Z, MMA)
+                                  D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             else:
                 for q in tl.static_range(NPB):
                     _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2,
                                 mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, MMA)
+                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if TAIL > 0:
                     _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2,
                                 mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, MMA)
+                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z)
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

@@ -131,11 +131,7 @@ class SplitConfig:
     launches (``mamba2_fast``'s "Concurrent flush"); None = on for CUDA tensors.  On the
     CPU, True runs the flush after the output launch, the order a second stream may
     take.  (Starting the second stream after the weights launch instead lost 0.5-2 us per
-    step on an H200.)  ``out_mma`` ("heads" output of an nvfp4 copy): each tile's row
-    sums ``S C`` as one fp16 tensor-core product (``tl_mamba2_fast.row_dot_with``: the
-    nibbles decoded two per operation from int32 words, block scales exact in fp16, C
-    in two scaled fp16 parts) instead of the packed-domain CUDA-core dot; None = on
-    where every tile has at least 16 rows.
+    step on an H200.)
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -162,7 +158,6 @@ class SplitConfig:
     out_loads_first: bool | None = None
     flush_tma: bool | None = None
     concurrent_flush: bool | None = None
-    out_mma: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -548,7 +543,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         if (getattr(cfg, name) or 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     for name in ("tail_tile", "evict_first", "out_loads_first", "flush_tma",
-                 "concurrent_flush", "out_mma"):
+                 "concurrent_flush"):
         if getattr(cfg, name) not in (None, True, False):
             raise ValueError(f"{name} must be true, false or unset, got {getattr(cfg, name)!r}")
     if kind not in ("heads", "tiles", "group"):
@@ -580,14 +575,6 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if loads_first and full > 2:
         raise ValueError(f"out_loads_first takes at most 2 tiles per head besides a tail "
                          f"tile, got headdim {P} in {bp}-row tiles")
-    # nvfp4 copies' row sums as tensor-core products: "heads" programs whose tiles
-    # (the tail tile included) have at least 16 rows
-    tail = _tail_rows(cfg.tail_tile, P, bp, rd_id)
-    mma_ok = kind == "heads" and rd_id == FMT_NVFP4 and (tail == 0 or tail >= 16)
-    if cfg.out_mma and not mma_ok:
-        raise ValueError(f"out_mma needs an nvfp4 read copy, the 'heads' output kernel and "
-                         f"tiles of at least 16 rows, got out_kernel {kind!r}, tail tile "
-                         f"{tail}")
     tma_ok = ck_dense and P % cfg.flush_rows == 0
     if cfg.flush_tma and not tma_ok:
         raise ValueError(f"flush_tma needs a dense checkpoint (fp32 or 16-bit) and headdim "
@@ -618,7 +605,6 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),
                    out_loads_first=loads_first, flush_tma=tma,
-                   out_mma=cfg.out_mma if cfg.out_mma is not None else mma_ok,
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
                                    else int(fw == 1 and narrow and not need_amax)),
@@ -766,7 +752,7 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
-            LOADS_FIRST=cfg.out_loads_first, CONC=conc, MMA=cfg.out_mma, **common)
+            LOADS_FIRST=cfg.out_loads_first, CONC=conc, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -27,14 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tl_dots import (
-    F16_SPLIT_SCALE,
-    NVFP4_WORD_SCALE,
-    nvfp4_word_dot,
-    nvfp4_word_order,
-    split_f16,
-    tf32_hi,
-)
+from .tl_dots import tf32_hi
 from .tl_formats import (
     K_BF16,
     K_BF16_SR,
@@ -96,44 +89,6 @@ def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.cons
         else:
             scale = e8m0_value(s1.to(tl.int32))
         y = tl.sum(part * scale, axis=1) * TWO63
-    return y
-
-
-@triton.jit
-def c_operands(C_b, N: tl.constexpr, MMA: tl.constexpr):
-    """What :func:`row_dot_with` needs of the step's C vector (at ``C_b``) besides its
-    float32 values.  MMA (nvfp4 copies read by tensor-core products): the ``(N, 16)``
-    float16 operand of :func:`tl_dots.nvfp4_word_dot` -- C times ``2**-e`` (``|C| <
-    2**e``, so the parts stay in fp16's range) split in two fp16 parts as columns 0 and
-    1, rows in the words' element order -- and the factor that undoes every scaling;
-    otherwise C's even and odd elements times 2**63 (:func:`row_dot`'s packed-domain
-    dot of 4-bit copies)."""
-    if MMA:
-        c = tl.load(C_b + nvfp4_word_order(tl.arange(0, N))).to(tl.float32)
-        amax_bits = tl.max(tl.abs(c), axis=0).to(tl.int32, bitcast=True)
-        e = tl.minimum(tl.maximum(((amax_bits >> 23) & 0xFF) - 126, -125), 125)
-        hi, lo = split_f16(c * ((127 - e) << 23).to(tl.float32, bitcast=True))
-        col = tl.arange(0, 16)[None, :]
-        a = tl.where(col == 0, hi[:, None], tl.where(col == 1, lo[:, None], 0.0)).to(tl.float16)
-        b = ((127 + e) << 23).to(tl.float32, bitcast=True) * (NVFP4_WORD_SCALE
-                                                              / F16_SPLIT_SCALE)
-    else:
-        a = tl.load(C_b + 2 * tl.arange(0, N // 2)).to(tl.float32) * TWO63
-        b = tl.load(C_b + 2 * tl.arange(0, N // 2) + 1).to(tl.float32) * TWO63
-    return a, b
-
-
-@triton.jit
-def row_dot_with(codes, s1, s2, c, c_a, c_b, FMT: tl.constexpr, MMA: tl.constexpr,
-                 BLOCK_P: tl.constexpr, N: tl.constexpr):
-    """:func:`row_dot` with :func:`c_operands`' ``(c_a, c_b)``; MMA: an nvfp4 tile loaded
-    as words (``tl_formats.load_codes(..., WORDS=True)``) through one fp16 tensor-core
-    product (its nibbles and block scales exact in fp16, C in two fp16 parts: ~22
-    significant bits, accumulated in fp32)."""
-    if MMA:
-        y = tl.sum(nvfp4_word_dot(codes, s1, c_a, BLOCK_P, N), axis=1) * (s2 * c_b)
-    else:
-        y = row_dot(codes, s1, s2, c, c_a, c_b, FMT, BLOCK_P, N)
     return y
 
 

@@ -11,8 +11,6 @@ from precisionlab.kernels.testing import assert_runs_same_bits, kernel_device
 
 DEVICE = kernel_device()  # before the kernel modules are imported
 
-from dataclasses import replace  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -26,13 +24,11 @@ from precisionlab.kernels.mamba2_step import (  # noqa: E402
     HeadParams,
     Mamba2Cache,
     SplitConfig,
-    _split_defaults,
     mamba2_conventional_step,
     mamba2_step,
 )
 from precisionlab.kernels.state import StateStore  # noqa: E402
 from precisionlab.kernels.tl_formats import (  # noqa: E402
-    FORMAT_IDS,
     K_NVFP4,
     e2m1_code,
     store_codes,
@@ -381,7 +377,7 @@ def test_concurrent_flush_in_a_graph() -> None:
 
 
 @pytest.mark.parametrize("field", ["out_weights", "flush_pass", "flush_tma", "concurrent_flush",
-                                   "evict_first", "out_mma"])
+                                   "evict_first"])
 def test_split_config_rejects_unknown_values(field: str) -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
                                  read_format="nvfp4", window=2, device=DEV, launch="split",
@@ -391,20 +387,6 @@ def test_split_config_rejects_unknown_values(field: str) -> None:
     with pytest.raises(ValueError, match=f"{field} must be"):
         mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
                     HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
-
-
-def test_out_mma_by_copy_and_tiles() -> None:
-    """Tensor-core row sums are the "heads" default for nvfp4 copies whose tiles all have
-    16 rows or more; asked for elsewhere they are refused."""
-    nv, fp8 = FORMAT_IDS["nvfp4"], FORMAT_IDS["fp8-e4m3"]
-    assert _split_defaults(SplitConfig(), P, N, H, G, nv, True).out_mma
-    assert not _split_defaults(SplitConfig(), P, N, H, G, fp8, False).out_mma
-    assert not _split_defaults(SplitConfig(out_kernel="tiles"), P, N, H, G, nv, True).out_mma
-    tail8 = SplitConfig(block_p=16, tail_tile=True)  # headdim 24: 16 rows and an 8-row tail
-    assert not _split_defaults(tail8, P, N, H, G, nv, True).out_mma
-    for cfg, rd in ((replace(tail8, out_mma=True), nv), (SplitConfig(out_mma=True), fp8)):
-        with pytest.raises(ValueError, match="out_mma needs an nvfp4 read copy"):
-            _split_defaults(cfg, P, N, H, G, rd, rd == nv)
 
 
 @pytest.mark.parametrize("kwargs,match", [
