@@ -36,8 +36,7 @@ import time
 # defaults (kernels.gdn_decode.replay_defaults).
 SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "fused", "block_v": 16},
-         "split-fp32-fp8": {"launch": "fused", "block_v": 16, "num_warps": 4,
-                            "fast_encode": True},
+         "split-fp32-fp8": {"launch": "fused", "block_v": 16, "fast_encode": True},
          "split-fp16sr-nvfp4": {"launch": "fused", "block_v": 128, "num_warps": 4,
                                 "flush_chunk": 16, "fast_encode": True},
          "verify-T4": {"verify_block_v": 16, "verify_num_warps": 4, "verify_stages": 1,

@@ -1425,13 +1425,24 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         bv = V if whole else min(V, 16)
-        # fp32 tiles: 2-warp programs once the grid passes 384 programs (178 registers, 5
-        # per SM, against 3 of 4 warps at 136; H200, us per step: qwen3.5-122b batch 1
-        # 12.1-12.2 -> 9.6-9.9, batch 4 25.2 -> 22.1, qwen3.5-4b batch 4 16.2 -> 14.0;
-        # fp8 copies within 4% either way, qwen3.5-4b's 256 programs at batch 1 faster
-        # with 4)
+        # warps per program by grid size (H200, us per step, L = 16).  fp32 tiles: 2
+        # warps once the grid passes 384 programs (178 registers, 5 per SM, against 3 of
+        # 4 warps at 136: qwen3.5-122b batch 1 12.1-12.2 -> 9.6-9.9, batch 4 25.2 ->
+        # 22.1, qwen3.5-4b batch 4 16.2 -> 14.0), 8 below (qwen3.5-4b batch 1: faster
+        # than 4 in eight paired timings, 8.25-8.43 -> 7.92-8.39).  An fp8 copy of an fp32
+        # checkpoint: 1 warp once the grid passes 384 programs (255 registers;
+        # qwen3.5-122b batch 1 9.23-9.25 -> 8.68-8.82, batch 4 19.8-20.0 -> 17.9-18.1,
+        # batch 12 45.3-45.4 -> 38.5-38.6; qwen3.5-4b batch 4 13.3 -> 12.8-13.1, batch 12
+        # 26.5 -> 22.9-23.1), else 4 (qwen3.5-4b batch 1: 7.67-8.21 against 7.79-8.45
+        # with 2)
         programs = batch * v_heads * (V // bv)
-        nw = 2 if (read or checkpoint) == "fp32" and programs > 384 else 4
+        big = programs > 384
+        if (read or checkpoint) == "fp32":
+            nw = 2 if big else 8
+        elif read == "fp8-e4m3" and checkpoint == "fp32":
+            nw = 1 if big else 4
+        else:
+            nw = 4
         return dict(launch="fused", block_v=bv, num_warps=nw, maxnreg=None,
                     tiles_per_program=1, stages=1, flush_chunk=min(bv, 16), flush_stages=1,
                     out_maxnreg=None, verify_maxnreg=None, prep_maxnreg=None,

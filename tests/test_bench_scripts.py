@@ -78,9 +78,10 @@ def test_split_fields_parse_ints_and_flags() -> None:
 
 
 @pytest.mark.parametrize("model,v_heads", [("qwen3.5-4b", 32), ("qwen3.5-122b", 64)])
-def test_gdn_bench_batch1_replay_fp32_takes_the_library_warps(model, v_heads) -> None:
-    """The benchmark's batch-1 replay fp32 configuration leaves the warps to the
-    library, which picks them by the grid's size (2 for qwen3.5-122b's 512 programs)."""
+def test_gdn_bench_batch1_replay_takes_the_library_warps(model, v_heads) -> None:
+    """The benchmark's batch-1 replay fp32 and fp8-copy configurations leave the warps
+    to the library, which picks them by the grid's size (qwen3.5-4b's 256 programs:
+    8 / 4; qwen3.5-122b's 512: 2 / 1)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_gdn import SMALL
@@ -88,9 +89,12 @@ def test_gdn_bench_batch1_replay_fp32_takes_the_library_warps(model, v_heads) ->
         sys.path.remove(str(ROOT / "benchmarks"))
     from precisionlab.kernels.gdn_decode import replay_defaults
 
-    assert "num_warps" not in SMALL["replay-fp32"]
-    lib = replay_defaults(1, 16, v_heads, 128, 128, "fp32", None)
-    assert (lib["launch"], lib["num_warps"]) == ("fused", 4 if v_heads == 32 else 2)
+    four_b = v_heads == 32
+    for variant, read, warps in (("replay-fp32", None, 8 if four_b else 2),
+                                 ("split-fp32-fp8", "fp8-e4m3", 4 if four_b else 1)):
+        assert "num_warps" not in SMALL[variant]
+        lib = replay_defaults(1, 16, v_heads, 128, 128, "fp32", read)
+        assert (lib["launch"], lib["num_warps"]) == ("fused", warps)
 
 
 @pytest.mark.parametrize("variant,checkpoint,read", [

@@ -318,6 +318,11 @@ CONFIGS = [
     # small-batch fused launch: fast encoders in the programs' own flushes (fp16-sr
     # checkpoint, fp8 read copy)
     (split("fp16-sr", "fp8-e4m3", 3), dict(block_v=16, fast_encode=True)),
+    # ... one-warp programs (an fp8 copy of an fp32 checkpoint on a large grid) and
+    # eight-warp ones (fp32 tiles on a small grid)
+    (split("fp32", "fp8-e4m3", 4), dict(launch="fused", block_v=16, num_warps=1,
+                                        fast_encode=True)),
+    (shared("fp32", 4), dict(launch="fused", block_v=16, num_warps=8)),
 ]
 
 
@@ -691,17 +696,21 @@ def test_out_mma_is_the_staged_fp8_default() -> None:
                           batch_hint=256).out_TPP == 1
 
 
-@pytest.mark.parametrize("batch,v_heads,read,warps", [
-    (1, 32, None, 4), (1, 64, None, 2), (4, 32, None, 2), (12, 64, None, 2),
-    (1, 64, "fp8-e4m3", 4), (4, 32, "fp8-e4m3", 4)])
-def test_fused_launch_warps_by_grid(batch, v_heads, read, warps) -> None:
-    """Small batches (one fused launch): programs reading fp32 tiles take 2 warps once
-    the grid passes 384 programs (more of them resident per SM), 4 below that and for
-    packed read copies; a user's ``num_warps`` wins."""
-    c = GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, read=read, device=DEV)
-    assert (c.launch, c.BV, c.num_warps) == ("fused", 16, warps)
-    assert GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, read=read, device=DEV,
-                          num_warps=8).num_warps == 8
+@pytest.mark.parametrize("batch,v_heads,ckpt,read,warps", [
+    (1, 32, "fp32", None, 8), (1, 64, "fp32", None, 2), (4, 32, "fp32", None, 2),
+    (12, 64, "fp32", None, 2), (1, 32, "fp32", "fp8-e4m3", 4), (1, 64, "fp32", "fp8-e4m3", 1),
+    (12, 64, "fp32", "fp8-e4m3", 1), (1, 64, "fp16-sr", "fp8-e4m3", 4),
+    (1, 64, "fp16-sr", "nvfp4", 4)])
+def test_fused_launch_warps_by_grid(batch, v_heads, ckpt, read, warps) -> None:
+    """Small batches (one fused launch), warps per program by grid size: fp32 tiles 2
+    warps once the grid passes 384 programs (more of them resident per SM), 8 below;
+    an fp8 copy of an fp32 checkpoint 1 warp past 384 programs, 4 below; others 4.  A
+    user's ``num_warps`` wins."""
+    c = GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, checkpoint=ckpt, read=read,
+                       device=DEV)
+    assert (c.launch, c.num_warps) == ("fused", warps)
+    assert GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, checkpoint=ckpt, read=read,
+                          device=DEV, num_warps=2).num_warps == 2
 
 
 def test_flush_prefetch_rejects_negative() -> None:
