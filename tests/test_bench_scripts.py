@@ -110,6 +110,7 @@ def test_gdn_bench_large_configs_are_the_library_defaults(variant, checkpoint, r
         sys.path.remove(str(ROOT / "benchmarks"))
     from precisionlab.kernels.gdn_decode import replay_defaults
 
-    lib = replay_defaults(256, 16, 32, 128, 128, checkpoint, read)
-    named = {k: v for k, v in LARGE[variant].items() if k in lib}
-    assert named == {k: lib[k] for k in named}
+    for v_heads in (32, 64):  # qwen3.5-4b, qwen3.5-122b
+        lib = replay_defaults(256, 16, v_heads, 128, 128, checkpoint, read)
+        named = {k: v for k, v in LARGE[variant].items() if k in lib}
+        assert named == {k: lib[k] for k in named}

@@ -694,6 +694,11 @@ def test_out_mma_is_the_staged_fp8_default() -> None:
     # one v-head per k-head: a group has one 128-row tile, so one tile per program
     assert GDNReplayCache(1, 16, 16, 128, 128, window=4, read="fp8-e4m3", device=DEV,
                           batch_hint=256).out_TPP == 1
+    # nvfp4 copies: up to four tiles per program, at most a k-head group's
+    for v_heads, tpp in ((32, 2), (64, 4)):
+        c = GDNReplayCache(1, 16, v_heads, 128, 128, window=4, checkpoint="fp16-sr",
+                           read="nvfp4", device=DEV, batch_hint=256)
+        assert c.out_mma and (c.out_BV, c.out_TPP, c.out_stages) == (128, tpp, 2)
 
 
 @pytest.mark.parametrize("batch,v_heads,ckpt,read,warps", [
