@@ -117,6 +117,7 @@ from .tl_formats import (
     FMT_BF16_SR,
     FMT_FP16_SR,
     FMT_NONE,
+    FMT_NVFP4,
     K_BF16_SR,
     K_FP8,
     K_FP16_SR,
@@ -559,7 +560,7 @@ def _replay_kernel(
     R: tl.constexpr,
     RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
     RING: tl.constexpr, FUSED: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
-    EAGER: tl.constexpr, FAST: tl.constexpr = False,
+    EAGER: tl.constexpr, FAST: tl.constexpr = False, WHOLE: tl.constexpr = False,
 ):
     """One decode step of a plain replay cache.  Grid ``(HV * (V // BV) // TPP, B)``:
     program p of batch row b streams TPP consecutive tiles (BV rows of one v-head;
@@ -577,7 +578,10 @@ def _replay_kernel(
     ring position in registers: no load waits for the clock (small batches, where the
     chain of round trips is the step's time).  One-tile programs skip the output tile's
     arithmetic at a flush step (it would store nothing).  FAST: the fused flush's encoders
-    from ``tl_formats.encode_tile_with(..., FAST=True)`` (the same bits)."""
+    from ``tl_formats.encode_tile_with(..., FAST=True)`` (the same bits).  WHOLE (FUSED,
+    an nvfp4 copy in tiles of fewer than V rows): the matrix scale needs the whole
+    matrix, so a head's first program flushes all V rows (in FB-row chunks, two passes)
+    and its other programs only advance the clock."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
@@ -651,12 +655,23 @@ def _replay_kernel(
                     h = tau // NVB
                     g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log,
                                      dt_bias, h)
-                    _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v,
-                                ring_g, ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
-                                out + (bidx * HV + h) * V, rbase, h, hk,
-                                slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g, beta,
-                                seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                                RING, True, FRESH, DOT, True, None, False, FAST)
+                    if WHOLE:  # the head's first program flushes every row
+                        if tau % NVB == 0:
+                            _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k,
+                                        ring_v, ring_g, ring_b, ring_kk,
+                                        v_ptr + (bidx * HV + h) * V, out + (bidx * HV + h) * V,
+                                        rbase, h, hk, slot.to(tl.int64) * HV + h, 0, n, q, k,
+                                        g, beta, seed, t, HK, HV, K, V, V, FB, FNS, RP, LOG2RP,
+                                        C_FMT, F_FMT, RING, True, FRESH, DOT, True, None, False,
+                                        FAST)
+                    else:
+                        _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k,
+                                    ring_v, ring_g, ring_b, ring_kk,
+                                    v_ptr + (bidx * HV + h) * V, out + (bidx * HV + h) * V,
+                                    rbase, h, hk, slot.to(tl.int64) * HV + h, (tau % NVB) * BV,
+                                    n, q, k, g, beta, seed, t, HK, HV, K, V, BV, FB, FNS, RP,
+                                    LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT, True, None,
+                                    False, FAST)
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
@@ -1427,7 +1442,9 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     (161.2 -> 182.5 us, 119 registers per thread)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
-        bv = V if whole else min(V, 16)
+        # 16-row programs; with an nvfp4 copy a head's first program flushes the whole
+        # matrix (H200, batch 1, us per step: see BENCHMARKS.md, sixteenth run)
+        bv = min(V, 16)
         # warps per program by grid size (H200, us per step, L = 16).  fp32 tiles: 2
         # warps once the grid passes 384 programs (178 registers, 5 per SM, against 3 of
         # 4 warps at 136: qwen3.5-122b batch 1 12.1-12.2 -> 9.6-9.9, batch 4 25.2 ->
@@ -1619,8 +1636,9 @@ class GDNReplayCache:
       ``prep_maxnreg`` (the staged prep launch): register caps per thread (0: none, the
       compiler's choice; None: the default).
 
-    An nvfp4 copy is written whole-matrix: the flushing program (fused) or unit
-    (split) owns all V rows, so ``block_v`` must be V there.
+    An nvfp4 copy is written whole-matrix (its matrix scale): a split or staged flush
+    unit owns all V rows (``block_v`` must be V there); in the fused launch a head's
+    first program flushes all V rows when ``block_v`` is smaller.
     """
 
     def __init__(
@@ -1690,6 +1708,8 @@ class GDNReplayCache:
         if cfg["launch"] != "staged":  # defaults of the staged launch only
             cfg["out_mma"] = bool(out_mma)
             cfg["flush_tma"] = bool(flush_tma)
+        if cfg["launch"] != "fused" and block_v is None and "nvfp4" in (checkpoint, read):
+            cfg["block_v"] = V  # flush units of whole matrices (the matrix scale)
         self.config = cfg
         """The launch configuration in use (keywords of this class)."""
         self.launch = cfg["launch"]
@@ -1741,8 +1761,9 @@ class GDNReplayCache:
         self.verify_maxnreg = cfg["verify_maxnreg"] or None
         self.prep_maxnreg = cfg["prep_maxnreg"] or None
         whole = "nvfp4" in (checkpoint, read)
-        if whole and self.BV != V:
-            raise ValueError("an nvfp4 copy needs block_v == V")
+        if whole and self.BV != V and self.launch != "fused":
+            raise ValueError("an nvfp4 copy needs block_v == V (flush units of whole "
+                             "matrices) outside the fused launch")
         for name, bv_ in (("block_v", self.BV), ("out_block_v", self.out_BV),
                           ("verify_block_v", self.verify_BV), ("flush_chunk", self.FB)):
             _pow2(name, bv_)
@@ -1877,7 +1898,8 @@ class GDNReplayCache:
             self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
             min(self.FB, bv), self.flush_stages, self.L, self.R, self.RP, self.LOG2RP, c.fmt_id,
             f_id, self.ring_id, fused, self.fresh is not None, self.dot,
-            self.eager and tpp == 1, self.fast_encode, num_warps=nw, maxnreg=mr,
+            self.eager and tpp == 1, self.fast_encode,
+            fused and bv < self.V and FMT_NVFP4 in (c.fmt_id, f_id), num_warps=nw, maxnreg=mr,
         )
         return out
 

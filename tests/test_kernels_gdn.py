@@ -255,8 +255,8 @@ def check_replay(design, steps: int, ring: torch.dtype = torch.bfloat16, **cfg) 
 @pytest.mark.parametrize("design", DESIGNS, ids=lambda d: d.label)
 def test_replay_matches_torch_runner_and_formats(design) -> None:
     """Two flushes of each design (small-batch defaults: one fused launch per step,
-    tf32x2 flush products), two 16-row blocks per head (nvfp4: the whole 32-row
-    matrix)."""
+    tf32x2 flush products), two 16-row blocks per head (nvfp4: the head's first
+    program flushes the whole 32-row matrix)."""
     whole = "nvfp4" in (design.checkpoint_format, design.read_format)
     check_replay(design, 2 * design.window + 1, block_v=None if whole else 16)
 
@@ -323,6 +323,12 @@ CONFIGS = [
     (split("fp32", "fp8-e4m3", 4), dict(launch="fused", block_v=16, num_warps=1,
                                         fast_encode=True)),
     (shared("fp32", 4), dict(launch="fused", block_v=16, num_warps=8)),
+    # ... nvfp4 copies in 16-row programs: a head's first program flushes its whole
+    # matrix (two 16-row chunks, two passes), the others only tick the clock
+    (split("fp16-sr", "nvfp4", 3), dict(launch="fused", block_v=16, fast_encode=True)),
+    (shared("nvfp4", 3), dict(launch="fused", block_v=16)),
+    # ... and in programs of the whole matrix (the earlier default)
+    (split("fp16-sr", "nvfp4", 3), dict(launch="fused", block_v=32)),
 ]
 
 
