@@ -23,9 +23,10 @@ import sys
 import time
 
 # Launch configurations (keywords of kernels.gdn_decode.GDNReplayCache).  Batch 1: one
-# fused launch per step (16-row programs; an nvfp4 copy's flush needs whole matrices,
-# so a head's first program flushes all 128 rows; ring tiles loaded eagerly, before the
-# clock).  Large
+# fused launch per step (16-row programs; an nvfp4 copy's flush needs whole matrices:
+# on small grids a head's first program flushes all 128 rows, on larger ones the
+# programs own whole matrices -- rows and warps left to the library; ring tiles loaded
+# eagerly, before the clock).  Large
 # batches: "staged" -- a persistent flush launch over whole-head units (16-row chunks,
 # 2-stage pipeline, tf32x2 products), a prep launch (one program per sequence and
 # k-head: ring products, coefficients) and an output launch of small tiles
@@ -38,8 +39,7 @@ import time
 SMALL = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "fused", "block_v": 16},
          "split-fp32-fp8": {"launch": "fused", "block_v": 16, "fast_encode": True},
-         "split-fp16sr-nvfp4": {"launch": "fused", "block_v": 16, "flush_chunk": 16,
-                                "fast_encode": True},
+         "split-fp16sr-nvfp4": {"launch": "fused", "flush_chunk": 16, "fast_encode": True},
          "verify-T4": {"verify_block_v": 16, "verify_num_warps": 4, "verify_stages": 1,
                        "verify_launch": "single"}}
 _FLUSH = {"block_v": 128, "num_warps": 4, "flush_chunk": 16, "flush_stages": 2,

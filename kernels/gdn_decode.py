@@ -1442,9 +1442,14 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     (161.2 -> 182.5 us, 119 registers per thread)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
-        # 16-row programs; with an nvfp4 copy a head's first program flushes the whole
-        # matrix (H200, batch 1, us per step: see BENCHMARKS.md, sixteenth run)
+        # 16-row programs.  An nvfp4 copy: 16-row programs (a head's first one flushes
+        # the whole matrix) on grids of at most 384 of them, else whole-matrix programs
+        # (H200, batch 1, us per step: qwen3.5-4b's 256 programs 12.2-12.4 against
+        # 13.4-13.6 with 128-row programs; qwen3.5-122b's 512 took 14.7-15.8 with 4
+        # warps, 15.5-15.6 with 2, against 13.9-14.0)
         bv = min(V, 16)
+        if whole and batch * v_heads * (V // bv) > 384:
+            bv = V
         # warps per program by grid size (H200, us per step, L = 16).  fp32 tiles: 2
         # warps once the grid passes 384 programs (178 registers, 5 per SM, against 3 of
         # 4 warps at 136: qwen3.5-122b batch 1 12.1-12.2 -> 9.6-9.9, batch 4 25.2 ->

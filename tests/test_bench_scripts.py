@@ -79,9 +79,10 @@ def test_split_fields_parse_ints_and_flags() -> None:
 
 @pytest.mark.parametrize("model,v_heads", [("qwen3.5-4b", 32), ("qwen3.5-122b", 64)])
 def test_gdn_bench_batch1_replay_takes_the_library_warps(model, v_heads) -> None:
-    """The benchmark's batch-1 replay configurations are the library's 16-row programs
-    and leave the warps to it, which picks them by the grid's size (qwen3.5-4b's 256
-    programs: fp32 8, fp8 copy 4; qwen3.5-122b's 512: 2, 1; nvfp4 copies 4)."""
+    """The benchmark's batch-1 replay configurations are the library's programs and
+    leave the warps to it, which picks them by the grid's size (qwen3.5-4b's 256
+    programs: fp32 8, fp8 copy 4; qwen3.5-122b's 512: 2, 1; nvfp4 copies 4 warps, 16-row
+    programs on qwen3.5-4b, whole matrices on qwen3.5-122b)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_gdn import SMALL
@@ -90,14 +91,14 @@ def test_gdn_bench_batch1_replay_takes_the_library_warps(model, v_heads) -> None
     from precisionlab.kernels.gdn_decode import replay_defaults
 
     four_b = v_heads == 32
-    for variant, ckpt, read, warps in (
-            ("replay-fp32", "fp32", None, 8 if four_b else 2),
-            ("split-fp32-fp8", "fp32", "fp8-e4m3", 4 if four_b else 1),
-            ("split-fp16sr-nvfp4", "fp16-sr", "nvfp4", 4)):
+    for variant, ckpt, read, warps, rows in (
+            ("replay-fp32", "fp32", None, 8 if four_b else 2, 16),
+            ("split-fp32-fp8", "fp32", "fp8-e4m3", 4 if four_b else 1, 16),
+            ("split-fp16sr-nvfp4", "fp16-sr", "nvfp4", 4, 16 if four_b else 128)):
         assert "num_warps" not in SMALL[variant]
+        assert SMALL[variant].get("block_v", rows) == rows
         lib = replay_defaults(1, 16, v_heads, 128, 128, ckpt, read)
-        assert (lib["launch"], lib["num_warps"], lib["block_v"]) == ("fused", warps, 16)
-        assert SMALL[variant]["block_v"] == 16
+        assert (lib["launch"], lib["num_warps"], lib["block_v"]) == ("fused", warps, rows)
 
 
 @pytest.mark.parametrize("variant,checkpoint,read", [

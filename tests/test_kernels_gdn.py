@@ -707,6 +707,15 @@ def test_out_mma_is_the_staged_fp8_default() -> None:
         assert c.out_mma and (c.out_BV, c.out_TPP, c.out_stages) == (128, tpp, 2)
 
 
+def test_fused_launch_nvfp4_rows_by_grid() -> None:
+    """Small batches with an nvfp4 copy: 16-row programs (a head's first one flushes the
+    whole matrix) on grids of at most 384 of them, whole-matrix programs above."""
+    def bv(batch, v_heads, **kw):
+        return GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, checkpoint="fp16-sr",
+                              read="nvfp4", device=DEV, **kw).BV
+    assert (bv(1, 32), bv(1, 64), bv(2, 32), bv(1, 32, block_v=128)) == (16, 128, 128, 128)
+
+
 @pytest.mark.parametrize("batch,v_heads,ckpt,read,warps", [
     (1, 32, "fp32", None, 8), (1, 64, "fp32", None, 2), (4, 32, "fp32", None, 2),
     (12, 64, "fp32", None, 2), (1, 32, "fp32", "fp8-e4m3", 4), (1, 64, "fp32", "fp8-e4m3", 1),
