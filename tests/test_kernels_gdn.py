@@ -313,6 +313,10 @@ CONFIGS = [
                                   out_mma=True)),
     # ... an nvfp4 copy's (its nibbles and block scales as exact fp16 values) ...
     (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=32, out_mma=True)),
+    # ... four tiles per program (a k-head group's 16-row tiles, as qwen3.5-122b's
+    # 128-row ones), 2-stage pipeline
+    (split("fp16-sr", "nvfp4", 3), dict(launch="staged", out_block_v=16, out_mma=True,
+                                        out_tiles_per_program=4, out_stages=2)),
     # ... an fp32 copy's tiles (two tf32 passes: head and remainder)
     (shared("fp32", 16), dict(launch="staged", block_v=32, out_block_v=16, out_mma=True)),
     # small-batch fused launch: fast encoders in the programs' own flushes (fp16-sr
