@@ -112,9 +112,15 @@ def test_gdn_bench_large_configs_are_the_library_defaults(variant, checkpoint, r
         from bench_gdn import LARGE
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    from precisionlab.kernels.gdn_decode import replay_defaults
+    from precisionlab.kernels.gdn_decode import GDNReplayCache, replay_defaults
 
     for v_heads in (32, 64):  # qwen3.5-4b, qwen3.5-122b
         lib = replay_defaults(256, 16, v_heads, 128, 128, checkpoint, read)
         named = {k: v for k, v in LARGE[variant].items() if k in lib}
         assert named == {k: lib[k] for k in named}
+        # ... and the cache they build resolves to the defaults' (naming one key can
+        # change another's default, e.g. out_block_v alone means one tile per program)
+        caches = [GDNReplayCache(1, 16, v_heads, 128, 128, window=16, checkpoint=checkpoint,
+                                 read=read, device="cpu", batch_hint=256, **kw)
+                  for kw in (LARGE[variant], {})]
+        assert caches[0].config == caches[1].config
