@@ -1642,8 +1642,9 @@ class GDNReplayCache:
       compiler's choice; None: the default).
 
     An nvfp4 copy is written whole-matrix (its matrix scale): a split or staged flush
-    unit owns all V rows (``block_v`` must be V there); in the fused launch a head's
-    first program flushes all V rows when ``block_v`` is smaller.
+    unit, or a speculative cache's commit unit, owns all V rows (``block_v`` must be V
+    there); in the fused launch a head's first program flushes all V rows when
+    ``block_v`` is smaller.
     """
 
     def __init__(
@@ -1713,8 +1714,9 @@ class GDNReplayCache:
         if cfg["launch"] != "staged":  # defaults of the staged launch only
             cfg["out_mma"] = bool(out_mma)
             cfg["flush_tma"] = bool(flush_tma)
-        if cfg["launch"] != "fused" and block_v is None and "nvfp4" in (checkpoint, read):
-            cfg["block_v"] = V  # flush units of whole matrices (the matrix scale)
+        if ((cfg["launch"] != "fused" or drafts) and block_v is None
+                and "nvfp4" in (checkpoint, read)):
+            cfg["block_v"] = V  # flush (and commit) units of whole matrices: the matrix scale
         self.config = cfg
         """The launch configuration in use (keywords of this class)."""
         self.launch = cfg["launch"]
@@ -1766,9 +1768,9 @@ class GDNReplayCache:
         self.verify_maxnreg = cfg["verify_maxnreg"] or None
         self.prep_maxnreg = cfg["prep_maxnreg"] or None
         whole = "nvfp4" in (checkpoint, read)
-        if whole and self.BV != V and self.launch != "fused":
+        if whole and self.BV != V and (self.launch != "fused" or self.T):
             raise ValueError("an nvfp4 copy needs block_v == V (flush units of whole "
-                             "matrices) outside the fused launch")
+                             "matrices) outside the fused launch and in speculative caches")
         for name, bv_ in (("block_v", self.BV), ("out_block_v", self.out_BV),
                           ("verify_block_v", self.verify_BV), ("flush_chunk", self.FB)):
             _pow2(name, bv_)

@@ -713,11 +713,16 @@ def test_out_mma_is_the_staged_fp8_default() -> None:
 
 def test_fused_launch_nvfp4_rows_by_grid() -> None:
     """Small batches with an nvfp4 copy: 16-row programs (a head's first one flushes the
-    whole matrix) on grids of at most 384 of them, whole-matrix programs above."""
+    whole matrix) on grids of at most 384 of them, whole-matrix programs above; a
+    speculative cache's commit flushes whole-matrix units, so it keeps them."""
     def bv(batch, v_heads, **kw):
         return GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, checkpoint="fp16-sr",
                               read="nvfp4", device=DEV, **kw).BV
     assert (bv(1, 32), bv(1, 64), bv(2, 32), bv(1, 32, block_v=128)) == (16, 128, 128, 128)
+    assert (bv(1, 32, drafts=4), bv(1, 32, launch="staged")) == (128, 128)
+    for kw in (dict(drafts=4), dict(launch="split")):
+        with pytest.raises(ValueError, match="needs block_v == V"):
+            bv(1, 32, block_v=16, **kw)
 
 
 @pytest.mark.parametrize("batch,v_heads,ckpt,read,warps", [
