@@ -117,7 +117,6 @@ from .tl_formats import (
     FMT_BF16_SR,
     FMT_FP16_SR,
     FMT_NONE,
-    FMT_NVFP4,
     K_BF16_SR,
     K_FP8,
     K_FP16_SR,
@@ -560,7 +559,7 @@ def _replay_kernel(
     R: tl.constexpr,
     RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
     RING: tl.constexpr, FUSED: tl.constexpr, FRESH: tl.constexpr, DOT: tl.constexpr,
-    EAGER: tl.constexpr, FAST: tl.constexpr = False, WHOLE: tl.constexpr = False,
+    EAGER: tl.constexpr, FAST: tl.constexpr = False,
 ):
     """One decode step of a plain replay cache.  Grid ``(HV * (V // BV) // TPP, B)``:
     program p of batch row b streams TPP consecutive tiles (BV rows of one v-head;
@@ -578,14 +577,17 @@ def _replay_kernel(
     ring position in registers: no load waits for the clock (small batches, where the
     chain of round trips is the step's time).  One-tile programs skip the output tile's
     arithmetic at a flush step (it would store nothing).  FAST: the fused flush's encoders
-    from ``tl_formats.encode_tile_with(..., FAST=True)`` (the same bits).  WHOLE (FUSED,
-    an nvfp4 copy in tiles of fewer than V rows): the matrix scale needs the whole
-    matrix, so a head's first program flushes all V rows (in FB-row chunks, two passes)
-    and its other programs only advance the clock."""
+    from ``tl_formats.encode_tile_with(..., FAST=True)`` (the same bits).  An nvfp4 copy
+    in tiles of fewer than V rows (FUSED): the matrix scale needs the whole matrix, so
+    a head's first program flushes all V rows (in FB-row chunks, two passes) and its
+    other programs only advance the clock."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
     GRP: tl.constexpr = HV // HK
+    WHOLE: tl.constexpr = (BV < V) and ((C_FMT == K_NVFP4) or (F_FMT == K_NVFP4))
+    FLUSH_ROWS: tl.constexpr = V if WHOLE else BV  # rows a flushing program writes
+    FLUSHERS: tl.constexpr = NVB if WHOLE else 1  # one flushing program per FLUSHERS tiles
     tau0 = pid * TPP
     hk = tau0 // (GRP * NVB)
     slot = tl.load(state_idx + bidx)
@@ -655,23 +657,16 @@ def _replay_kernel(
                     h = tau // NVB
                     g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log,
                                      dt_bias, h)
-                    if WHOLE:  # the head's first program flushes every row
-                        if tau % NVB == 0:
-                            _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k,
-                                        ring_v, ring_g, ring_b, ring_kk,
-                                        v_ptr + (bidx * HV + h) * V, out + (bidx * HV + h) * V,
-                                        rbase, h, hk, slot.to(tl.int64) * HV + h, 0, n, q, k,
-                                        g, beta, seed, t, HK, HV, K, V, V, FB, FNS, RP, LOG2RP,
-                                        C_FMT, F_FMT, RING, True, FRESH, DOT, True, None, False,
-                                        FAST)
-                    else:
+                    # an nvfp4 copy in part-matrix tiles: the head's first program
+                    # flushes every row (its tile starts at row 0), the others none
+                    if (tau % FLUSHERS) == 0:
                         _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k,
                                     ring_v, ring_g, ring_b, ring_kk,
                                     v_ptr + (bidx * HV + h) * V, out + (bidx * HV + h) * V,
                                     rbase, h, hk, slot.to(tl.int64) * HV + h, (tau % NVB) * BV,
-                                    n, q, k, g, beta, seed, t, HK, HV, K, V, BV, FB, FNS, RP,
-                                    LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT, True, None,
-                                    False, FAST)
+                                    n, q, k, g, beta, seed, t, HK, HV, K, V, FLUSH_ROWS, FB,
+                                    FNS, RP, LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT, True,
+                                    None, False, FAST)
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
@@ -1905,8 +1900,7 @@ class GDNReplayCache:
             self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
             min(self.FB, bv), self.flush_stages, self.L, self.R, self.RP, self.LOG2RP, c.fmt_id,
             f_id, self.ring_id, fused, self.fresh is not None, self.dot,
-            self.eager and tpp == 1, self.fast_encode,
-            fused and bv < self.V and FMT_NVFP4 in (c.fmt_id, f_id), num_warps=nw, maxnreg=mr,
+            self.eager and tpp == 1, self.fast_encode, num_warps=nw, maxnreg=mr,
         )
         return out
 
