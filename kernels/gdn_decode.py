@@ -320,7 +320,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 NOLICM: tl.constexpr = True, scr=None, SCRATCH: tl.constexpr = False,
                 FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
                 TMA: tl.constexpr = False, HW: tl.constexpr = False,
-                SUBST: tl.constexpr = False):
+                SUBST: tl.constexpr = False, sync=None, PARTS: tl.constexpr = 0):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -340,7 +340,12 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     the tensor descriptor ``ck_desc`` (:func:`_fold_chunk`).  HW: an fp8 read copy by
     the hardware conversion (:func:`_write_rows`).  SUBST: the window's triangular
     system inverted by forward substitution (``gdn_extra.inv_unit_lower``; fewer
-    instructions per thread in a one-warp program)."""
+    instructions per thread in a one-warp program).  PARTS > 0 (an nvfp4 copy whose
+    matrix is flushed by PARTS programs, BVF rows each): ``scr`` holds the whole matrix's
+    fp32 rows (row ``v`` at ``scr + v * K``) and ``sync`` two int32 words, the matrix
+    amax's bits and a count of programs done (both zero between flushes); each program
+    folds and writes its rows as the SCRATCH pass does and posts its amax, and the last
+    one to post encodes the nvfp4 copies of all V rows (:func:`_encode_posted`)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -377,7 +382,21 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
         s2_old = tl.load(c_s2 + mat)
     else:
         s2_old = 0.0
-    if NC == 1:
+    if PARTS > 0:
+        offs_k = tl.arange(0, K)
+        for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
+            offs_v = v0 + c * FB + tl.arange(0, FB)
+            Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
+                             offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
+                             C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
+            amax = tl.maximum(amax, matrix_amax(Sn))
+            tl.store(scr + offs_v[:, None] * K + offs_k[None, :], Sn)
+            _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
+                        offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, not C4,
+                        not F4, FAST, HW)
+        _encode_posted(sync, amax, scr, c_data, c_s1, c_s2, f_data, f_s1, f_s2, mat, seed, t,
+                       K, V, FB, FNS, PARTS, C_FMT, F_FMT, FAST)
+    elif NC == 1:
         offs_v = v0 + tl.arange(0, FB)
         Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n,
                          valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
@@ -428,6 +447,34 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True,
                         FAST, HW, ck_desc, TMA, v0 + c * FB)
+
+
+@triton.jit
+def _encode_posted(sync, amax, scr, c_data, c_s1, c_s2, f_data, f_s1, f_s2, mat, seed, t,
+                   K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr,
+                   PARTS: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
+                   FAST: tl.constexpr):
+    """Post this program's part of a matrix flushed by PARTS programs (its amax into
+    ``sync[0]``, a count into ``sync[1]``, after its scratch rows); the last of the
+    PARTS to post reads the matrix amax, clears both words for the next flush and
+    encodes the nvfp4 copies of all V rows from the scratch.  Nobody waits: the last
+    program finds every other part done, so no launch order or residency is assumed.
+    The count's acquire-release orders the other programs' scratch rows before the
+    last one's reads (from L2)."""
+    tl.debug_barrier()  # every warp's scratch rows and amax are in
+    tl.atomic_max(sync, amax.to(tl.int32, bitcast=True), sem="relaxed")
+    done = tl.atomic_add(sync + 1, 1, sem="acq_rel")
+    if done == PARTS - 1:
+        amax_mat = tl.atomic_xchg(sync, 0, sem="acquire").to(tl.float32, bitcast=True)
+        tl.atomic_xchg(sync + 1, 0, sem="relaxed")
+        tl.debug_barrier()  # no warp reads the scratch before the acquire
+        offs_k = tl.arange(0, K)
+        for c in tl.range(0, V // FB, num_stages=FNS):
+            offs_v = c * FB + tl.arange(0, FB)
+            Sn = tl.load(scr + offs_v[:, None] * K + offs_k[None, :], cache_modifier=".cg")
+            _write_rows(Sn, amax_mat, c_data, c_s1, c_s2, f_data, f_s1, f_s2, scr, scr, mat,
+                        offs_v, 0.0, seed, t, K, V, FB, C_FMT, F_FMT, False, False,
+                        C_FMT == K_NVFP4, F_FMT == K_NVFP4, FAST)
 
 
 @triton.jit
@@ -553,7 +600,7 @@ def _conventional_kernel(
 def _replay_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, skip, out,
     c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-    ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets, fresh, seed,
+    ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets, fresh, scr, sync, seed,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     TPP: tl.constexpr, NS: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr, L: tl.constexpr,
     R: tl.constexpr,
@@ -579,15 +626,16 @@ def _replay_kernel(
     arithmetic at a flush step (it would store nothing).  FAST: the fused flush's encoders
     from ``tl_formats.encode_tile_with(..., FAST=True)`` (the same bits).  An nvfp4 copy
     in tiles of fewer than V rows (FUSED): the matrix scale needs the whole matrix, so
-    a head's first program flushes all V rows (in FB-row chunks, two passes) and its
-    other programs only advance the clock."""
+    every program folds its own rows into the checkpoint and the matrix's fp32 scratch
+    ``scr`` (V rows per (batch row, v-head)) and posts its amax at ``sync`` (two words
+    per (batch row, v-head)); the last of the head's programs to post encodes the
+    nvfp4 copy of all V rows (:func:`_encode_posted`)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
     GRP: tl.constexpr = HV // HK
-    WHOLE: tl.constexpr = (BV < V) and ((C_FMT == K_NVFP4) or (F_FMT == K_NVFP4))
-    FLUSH_ROWS: tl.constexpr = V if WHOLE else BV  # rows a flushing program writes
-    FLUSHERS: tl.constexpr = NVB if WHOLE else 1  # one flushing program per FLUSHERS tiles
+    # an nvfp4 copy in part-matrix tiles: the matrix's NVB programs share its amax
+    PARTS: tl.constexpr = NVB if (BV < V) and ((C_FMT == K_NVFP4) or (F_FMT == K_NVFP4)) else 0
     tau0 = pid * TPP
     hk = tau0 // (GRP * NVB)
     slot = tl.load(state_idx + bidx)
@@ -657,16 +705,14 @@ def _replay_kernel(
                     h = tau // NVB
                     g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log,
                                      dt_bias, h)
-                    # an nvfp4 copy in part-matrix tiles: the head's first program
-                    # flushes every row (its tile starts at row 0), the others none
-                    if (tau % FLUSHERS) == 0:
-                        _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k,
-                                    ring_v, ring_g, ring_b, ring_kk,
-                                    v_ptr + (bidx * HV + h) * V, out + (bidx * HV + h) * V,
-                                    rbase, h, hk, slot.to(tl.int64) * HV + h, (tau % NVB) * BV,
-                                    n, q, k, g, beta, seed, t, HK, HV, K, V, FLUSH_ROWS, FB,
-                                    FNS, RP, LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT, True,
-                                    None, False, FAST)
+                    um = bidx * HV + h  # (batch row, v-head): the PARTS programs' scratch
+                    _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v,
+                                ring_g, ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
+                                out + (bidx * HV + h) * V, rbase, h, hk,
+                                slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g, beta,
+                                seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                                RING, True, FRESH, DOT, True, scr + um.to(tl.int64) * (V * K),
+                                False, FAST, sync=sync + um * 2, PARTS=PARTS)
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
@@ -1750,6 +1796,7 @@ class GDNReplayCache:
                              f"{self.verify_launch!r}")
         self._vscratch = None
         self._fscratch = None
+        self._pscratch = None
         self.compiled: dict = {}
         """The last compiled kernel of each launch (``n_regs``, ``n_spills``: tuning aid)."""
         self.BV, self.num_warps = cfg["block_v"], cfg["num_warps"]
@@ -1897,12 +1944,27 @@ class GDNReplayCache:
         self.compiled["replay"] = _replay_kernel[(self.HV * (self.V // bv) // tpp, B)](
             q, k, v, a, b, A_log, dt_bias, state_indices, skip, out, *c.kernel_args(), *fargs,
             self.ring_k, self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
-            self.counters.tickets, fresh, as_int32(self.seed), *heads, bv, tpp, ns,
+            self.counters.tickets, fresh, *self._part_scratch(B, fused),
+            as_int32(self.seed), *heads, bv, tpp, ns,
             min(self.FB, bv), self.flush_stages, self.L, self.R, self.RP, self.LOG2RP, c.fmt_id,
             f_id, self.ring_id, fused, self.fresh is not None, self.dot,
             self.eager and tpp == 1, self.fast_encode, num_warps=nw, maxnreg=mr,
         )
         return out
+
+    def _part_scratch(self, B: int, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused launch's buffers for an nvfp4 copy flushed in part-matrix programs:
+        fp32 rows of every (batch row, v-head) matrix and its two sync words (zero
+        between flushes; the kernel clears them).  Placeholders otherwise."""
+        whole = "nvfp4" in (self.ckpt.fmt, self.read.fmt if self.read is not None else None)
+        if not (fused and whole and self.BV < self.V):
+            return self.ring_g, self._skip
+        if self._pscratch is None or self._pscratch[1].shape[0] < B * self.HV * 2:
+            dev = self.ring_g.device
+            self._pscratch = (
+                torch.empty(B * self.HV * self.V * self.K, dtype=torch.float32, device=dev),
+                torch.zeros(B * self.HV * 2, dtype=torch.int32, device=dev))
+        return self._pscratch
 
     def _staged_concurrent(self, q, k, v, a, b, A_log, dt_bias, state_indices, out) -> None:
         """The staged step with the flush launch on a second stream, beside the prep and
