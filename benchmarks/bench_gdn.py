@@ -24,8 +24,9 @@ import time
 
 # Launch configurations (keywords of kernels.gdn_decode.GDNReplayCache).  Batch 1: one
 # fused launch per step (16-row programs; an nvfp4 copy's flush needs whole matrices:
-# on small grids a head's first program flushes all 128 rows, on larger ones the
-# programs own whole matrices -- rows and warps left to the library; ring tiles loaded
+# on small grids a head's programs each fold their rows and the last of them to post
+# its amax encodes the copy, on larger ones the programs own whole matrices -- rows
+# and warps left to the library; ring tiles loaded
 # eagerly, before the clock).  Large
 # batches: "staged" -- a persistent flush launch over whole-head units (16-row chunks,
 # 2-stage pipeline, tf32x2 products), a prep launch (one program per sequence and

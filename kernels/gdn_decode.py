@@ -1483,13 +1483,14 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     (161.2 -> 182.5 us, 119 registers per thread)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
-        # 16-row programs.  An nvfp4 copy: 16-row programs (a head's first one flushes
-        # the whole matrix) on grids of at most 384 of them, else whole-matrix programs
-        # (H200, batch 1, us per step: qwen3.5-4b's 256 programs 12.2-12.4 against
-        # 13.4-13.6 with 128-row programs; qwen3.5-122b's 512 took 14.7-15.8 with 4
-        # warps, 15.5-15.6 with 2, against 13.9-14.0)
+        # 16-row programs.  An nvfp4 copy: 16-row programs (each flushes its rows, the
+        # last of a head's to post its amax encodes the copy) on grids of at most 512
+        # of them, else whole-matrix programs (H200, us per step, against the parent
+        # tree whose head's first program flushed the whole matrix: batch 1 qwen3.5-4b
+        # 12.2 -> 9.0, qwen3.5-122b 15.0-15.8 -> 10.3 against 13.6-14.0 with 128-row
+        # programs; batch 4 16-row programs lost, 14.9 / 22.2 against 13.9 / 16.5)
         bv = min(V, 16)
-        if whole and batch * v_heads * (V // bv) > 384:
+        if whole and batch * v_heads * (V // bv) > 512:
             bv = V
         # warps per program by grid size (H200, us per step, L = 16).  fp32 tiles: 2
         # warps once the grid passes 384 programs (178 registers, 5 per SM, against 3 of
@@ -1684,8 +1685,9 @@ class GDNReplayCache:
 
     An nvfp4 copy is written whole-matrix (its matrix scale): a split or staged flush
     unit, or a speculative cache's commit unit, owns all V rows (``block_v`` must be V
-    there); in the fused launch a head's first program flushes all V rows when
-    ``block_v`` is smaller.
+    there); in the fused launch with a smaller ``block_v`` a head's programs each fold
+    their rows and the last of them to post its part of the matrix amax encodes the copy
+    of all V rows.
     """
 
     def __init__(

@@ -81,8 +81,8 @@ def test_split_fields_parse_ints_and_flags() -> None:
 def test_gdn_bench_batch1_replay_takes_the_library_warps(model, v_heads) -> None:
     """The benchmark's batch-1 replay configurations are the library's programs and
     leave the warps to it, which picks them by the grid's size (qwen3.5-4b's 256
-    programs: fp32 8, fp8 copy 4; qwen3.5-122b's 512: 2, 1; nvfp4 copies 4 warps, 16-row
-    programs on qwen3.5-4b, whole matrices on qwen3.5-122b)."""
+    programs: fp32 8, fp8 copy 4; qwen3.5-122b's 512: 2, 1; nvfp4 copies 4 warps in
+    16-row programs on both)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_gdn import SMALL
@@ -94,7 +94,7 @@ def test_gdn_bench_batch1_replay_takes_the_library_warps(model, v_heads) -> None
     for variant, ckpt, read, warps, rows in (
             ("replay-fp32", "fp32", None, 8 if four_b else 2, 16),
             ("split-fp32-fp8", "fp32", "fp8-e4m3", 4 if four_b else 1, 16),
-            ("split-fp16sr-nvfp4", "fp16-sr", "nvfp4", 4, 16 if four_b else 128)):
+            ("split-fp16sr-nvfp4", "fp16-sr", "nvfp4", 4, 16)):
         assert "num_warps" not in SMALL[variant]
         assert SMALL[variant].get("block_v", rows) == rows
         lib = replay_defaults(1, 16, v_heads, 128, 128, ckpt, read)

@@ -255,8 +255,8 @@ def check_replay(design, steps: int, ring: torch.dtype = torch.bfloat16, **cfg) 
 @pytest.mark.parametrize("design", DESIGNS, ids=lambda d: d.label)
 def test_replay_matches_torch_runner_and_formats(design) -> None:
     """Two flushes of each design (small-batch defaults: one fused launch per step,
-    tf32x2 flush products), two 16-row blocks per head (nvfp4: the head's first
-    program flushes the whole 32-row matrix)."""
+    tf32x2 flush products), two 16-row blocks per head (nvfp4: each flushes its rows,
+    the last to post its amax encodes the 32-row matrix's copy)."""
     whole = "nvfp4" in (design.checkpoint_format, design.read_format)
     check_replay(design, 2 * design.window + 1, block_v=None if whole else 16)
 
@@ -327,8 +327,8 @@ CONFIGS = [
     (split("fp32", "fp8-e4m3", 4), dict(launch="fused", block_v=16, num_warps=1,
                                         fast_encode=True)),
     (shared("fp32", 4), dict(launch="fused", block_v=16, num_warps=8)),
-    # ... nvfp4 copies in 16-row programs: a head's first program flushes its whole
-    # matrix (two 16-row chunks, two passes), the others only tick the clock
+    # ... nvfp4 copies in 16-row programs: each folds its rows into the checkpoint and
+    # the matrix's scratch and posts its amax; the head's last to post encodes the copy
     (split("fp16-sr", "nvfp4", 3), dict(launch="fused", block_v=16, fast_encode=True)),
     (shared("nvfp4", 3), dict(launch="fused", block_v=16)),
     # ... and in programs of the whole matrix (the earlier default)
@@ -712,13 +712,14 @@ def test_out_mma_is_the_staged_fp8_default() -> None:
 
 
 def test_fused_launch_nvfp4_rows_by_grid() -> None:
-    """Small batches with an nvfp4 copy: 16-row programs (a head's first one flushes the
-    whole matrix) on grids of at most 384 of them, whole-matrix programs above; a
-    speculative cache's commit flushes whole-matrix units, so it keeps them."""
+    """Small batches with an nvfp4 copy: 16-row programs (the last of a head's to post
+    its amax encodes the copy) on grids of at most 512 of them, whole-matrix programs
+    above; a speculative cache's commit flushes whole-matrix units, so it keeps them."""
     def bv(batch, v_heads, **kw):
         return GDNReplayCache(batch, 16, v_heads, 128, 128, window=4, checkpoint="fp16-sr",
                               read="nvfp4", device=DEV, **kw).BV
-    assert (bv(1, 32), bv(1, 64), bv(2, 32), bv(1, 32, block_v=128)) == (16, 128, 128, 128)
+    assert (bv(1, 32), bv(1, 64), bv(2, 32)) == (16, 16, 16)
+    assert (bv(3, 32), bv(2, 64), bv(1, 32, block_v=128)) == (128, 128, 128)
     assert (bv(1, 32, drafts=4), bv(1, 32, launch="staged")) == (128, 128)
     for kw in (dict(drafts=4), dict(launch="split")):
         with pytest.raises(ValueError, match="needs block_v == V"):
