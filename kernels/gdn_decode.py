@@ -95,6 +95,7 @@ from .tl_common import (
     RING_FP16,
     RING_FP32,
     finish_slot,
+    post_amax_part,
     ring_decode,
     ring_load,
     ring_load_raw,
@@ -454,20 +455,11 @@ def _encode_posted(sync, amax, scr, c_data, c_s1, c_s2, f_data, f_s1, f_s2, mat,
                    K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr,
                    PARTS: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
                    FAST: tl.constexpr):
-    """Post this program's part of a matrix flushed by PARTS programs (its amax into
-    ``sync[0]``, a count into ``sync[1]``, after its scratch rows); the last of the
-    PARTS to post reads the matrix amax, clears both words for the next flush and
-    encodes the nvfp4 copies of all V rows from the scratch.  Nobody waits: the last
-    program finds every other part done, so no launch order or residency is assumed.
-    The count's acquire-release orders the other programs' scratch rows before the
-    last one's reads (from L2)."""
-    tl.debug_barrier()  # every warp's scratch rows and amax are in
-    tl.atomic_max(sync, amax.to(tl.int32, bitcast=True), sem="relaxed")
-    done = tl.atomic_add(sync + 1, 1, sem="acq_rel")
-    if done == PARTS - 1:
-        amax_mat = tl.atomic_xchg(sync, 0, sem="acquire").to(tl.float32, bitcast=True)
-        tl.atomic_xchg(sync + 1, 0, sem="relaxed")
-        tl.debug_barrier()  # no warp reads the scratch before the acquire
+    """Post this program's part of a matrix flushed by PARTS programs
+    (:func:`tl_common.post_amax_part`); the last of them encodes the nvfp4 copies of all
+    V rows from the scratch."""
+    last, amax_mat = post_amax_part(sync, amax, PARTS)
+    if last:
         offs_k = tl.arange(0, K)
         for c in tl.range(0, V // FB, num_stages=FNS):
             offs_v = c * FB + tl.arange(0, FB)

@@ -16,8 +16,10 @@ the first state tile is the slot index.
 program per (batch row, head, ``BLOCK_P``-row tile), so a step has ``NPB`` times
 more programs, each one tile deep; every load of its output path (the whole ring,
 masked afterwards) is issued before the clock's value is used, and a flush folds
-only the program's rows -- except for nvfp4, whose matrix amax needs every row: there
-the head's first program folds the whole head and the others only output.
+only the program's rows.  An nvfp4 copy's matrix amax needs every row: there each
+program also keeps its fresh fp32 rows in a scratch of the head's matrix and posts its
+amax (``tl_common.post_amax_part``), and the last of the head's programs to post
+encodes the nvfp4 copies of all rows from the scratch.
 
 Flushes go head by head in ``FB``-row chunks: ``S = exp(Lambda) S_c + (w x)^T B``
 as one tensor-core ``tl.dot`` in tf32x3 (three-pass, ~fp32 accuracy, few
@@ -44,6 +46,7 @@ from .tl_common import (
     decay_weights,
     dt_of,
     gate,
+    post_amax_part,
     ring_decode,
     ring_load,
     ring_load_raw,
@@ -76,14 +79,26 @@ def _tile_rows(q, h0, H, NPB: tl.constexpr, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _folds_here(q0, NEED_AMAX: tl.constexpr, ROW_SPLIT: tl.constexpr):
-    """Whether a program folds its heads at its flush step: a row-split nvfp4 program
-    folds its whole head only if it is the head's first (the matrix amax needs every
-    row); every other program folds its own rows."""
-    if NEED_AMAX and ROW_SPLIT:
-        return q0 == 0
-    else:
-        return True
+def _encode_posted(sync, amax, scr, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, mat, P, seed_ck,
+                   seed_rd, step, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
+                   SPLIT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr,
+                   PARTS: tl.constexpr, NQH: tl.constexpr, HW_CVT: tl.constexpr):
+    """Post this program's part of a head flushed by PARTS row-split programs
+    (:func:`tl_common.post_amax_part`); the last of them encodes the nvfp4 copies of all
+    P rows (NQH chunks) from the head's fp32 scratch ``scr`` (row ``p`` at ``scr + p * N``)."""
+    last, amax_mat = post_amax_part(sync, amax, PARTS)
+    if last:
+        for qq in range(NQH):
+            rows = qq * FB + tl.arange(0, FB)
+            m = rows < P
+            Sn = tl.load(scr + tile_offsets(rows, N), mask=m[:, None], other=0.0,
+                         cache_modifier=".cg")
+            if CK_FMT == K_NVFP4:
+                store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, step, amax_mat,
+                           CK_FMT, FB, N, HW_CVT, True)
+            if SPLIT and (RD_FMT == K_NVFP4):
+                store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, step, amax_mat,
+                           RD_FMT, FB, N, HW_CVT, True)
 
 
 @triton.jit
@@ -179,7 +194,7 @@ def fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P, rx
 def mamba2_kernel(
     ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr,
     ring_x, ring_B, ring_dt, ring_len, steps, tickets, state_idx,
-    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr, scr_ptr, sync_ptr,
     seed_ck, seed_rd,
     s_xb, s_xt, s_dtb, s_dtt, s_Bb, s_Bt, s_Cb, s_Ct, s_zb, s_zt, s_ob, s_ot,
     H, G, P, L, LR,
@@ -190,7 +205,7 @@ def mamba2_kernel(
     RING: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
     OUT_ONLY: tl.constexpr = False, ROW_SPLIT: tl.constexpr = False,
-    HW_CVT: tl.constexpr = False,
+    HW_CVT: tl.constexpr = False, NQH: tl.constexpr = 0,
 ):
     b = tl.program_id(1).to(tl.int64)
     if ROW_SPLIT:  # a program per (head, BLOCK_P-row tile): tile q0 of head h0
@@ -274,54 +289,64 @@ def mamba2_kernel(
         eB = tl.where((offs_r == c)[:, None], B_t[None, :], rB)
         if c + 1 >= L:
             # ---- flush: fold all L entries, write checkpoint (+ read copy) -------
-            # rows from r0 (a row-split program's own rows); nvfp4 needs the whole
-            # head's amax, so there the head's first program folds the whole head
+            # rows from r0 (a row-split program's own rows).  nvfp4 needs the whole
+            # head's amax: a whole-head program takes a first pass for it; row-split
+            # programs post theirs and the head's last one encodes the copies
+            PARTS: tl.constexpr = NPB if NEED_AMAX and ROW_SPLIT else 0
             r0 = q0 * BLOCK_P
-            if NEED_AMAX:
-                r0 = 0
-            if _folds_here(q0, NEED_AMAX, ROW_SPLIT):
-                for hh in range(HPP * (1 - OUT_ONLY)):  # (the split flush launch did it)
-                    h = h0 + hh
-                    mat = mat0 + h
-                    A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-                    dt_h = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-                    rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
-                    edt = tl.where(offs_r == c, dt_h, rdt)
-                    last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
-                    s2_old = 0.0
-                    if CK_FMT == K_NVFP4:
-                        s2_old = tl.load(ck_s2 + mat)
-                    amax = 0.0
-                    if NEED_AMAX:  # nvfp4 matrix scale: amax of the head's fresh state
-                        for qq in range(NQ):
-                            rows = qq * FB + tl.arange(0, FB)
-                            m = rows < P
-                            x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
-                            Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
-                                             rx_b + h * P, HP, offs_r, c, last, w, eB, x_c, c,
-                                             CK_FMT, FB, N, RING, True)
-                            amax = tl.maximum(amax, matrix_amax(Sn))
+            for hh in range(HPP * (1 - OUT_ONLY)):  # (the split flush launch did it)
+                h = h0 + hh
+                mat = mat0 + h
+                A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                dt_h = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                rdt = tl.load(rdt_b + h + offs_r * H, mask=offs_r < c, other=0.0)
+                edt = tl.where(offs_r == c, dt_h, rdt)
+                last, w = decay_weights(edt, tl.cumsum(edt * A_h, axis=0), offs_r, c)
+                s2_old = 0.0
+                if CK_FMT == K_NVFP4:
+                    s2_old = tl.load(ck_s2 + mat)
+                amax = 0.0
+                if NEED_AMAX and not ROW_SPLIT:  # nvfp4 matrix scale: the head's amax
                     for qq in range(NQ):
-                        rows = r0 + qq * FB + tl.arange(0, FB)
+                        rows = qq * FB + tl.arange(0, FB)
                         m = rows < P
                         x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
                         Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
                                          rx_b + h * P, HP, offs_r, c, last, w, eB, x_c, c,
                                          CK_FMT, FB, N, RING, True)
-                        y = tl.sum(Sn * C_t[None, :], axis=1)
-                        z_c = 0.0
-                        if HAS_Z:
-                            z_c = tl.load(z_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
-                        tl.store(out_b + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
-                        # the division-free encoders (same bits as tl_formats')
-                        store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax,
-                                   CK_FMT, FB, N, HW_CVT, True)
-                        if SPLIT:
-                            store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax,
-                                       RD_FMT, FB, N, HW_CVT, True)
-                        if WRITE_FRESH:
-                            tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
-                                     mask=m[:, None])
+                        amax = tl.maximum(amax, matrix_amax(Sn))
+                for qq in range(NQ):
+                    rows = r0 + qq * FB + tl.arange(0, FB)
+                    m = rows < P
+                    x_c = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                    Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
+                                     rx_b + h * P, HP, offs_r, c, last, w, eB, x_c, c,
+                                     CK_FMT, FB, N, RING, True)
+                    y = tl.sum(Sn * C_t[None, :], axis=1)
+                    z_c = 0.0
+                    if HAS_Z:
+                        z_c = tl.load(z_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
+                    tl.store(out_b + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
+                    # the division-free encoders (same bits as tl_formats'); with
+                    # PARTS the nvfp4 copies wait for the head's amax
+                    if (PARTS == 0) or (CK_FMT != K_NVFP4):
+                        store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t,
+                                   amax, CK_FMT, FB, N, HW_CVT, True)
+                    if SPLIT and ((PARTS == 0) or (RD_FMT != K_NVFP4)):
+                        store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t,
+                                   amax, RD_FMT, FB, N, HW_CVT, True)
+                    if WRITE_FRESH:
+                        tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
+                                 mask=m[:, None])
+                    if PARTS > 0:
+                        amax = tl.maximum(amax, matrix_amax(Sn))  # (masked rows are 0)
+                        tl.store(scr_ptr + (b * H + h) * P * N + tile_offsets(rows, N), Sn,
+                                 mask=m[:, None])
+                if PARTS > 0:
+                    _encode_posted(sync_ptr + (b * H + h) * 2, amax,
+                                   scr_ptr + (b * H + h) * P * N, ck_c, ck_s1, ck_s2, rd_c,
+                                   rd_s1, rd_s2, mat, P, seed_ck, seed_rd, t, CK_FMT,
+                                   RD_FMT, SPLIT, FB, N, PARTS, NQH, HW_CVT)
         else:
             # ---- output: y = exp(L) S_read C + sum_i w_i (B_i.C) x_i + D x --------
             BC = tl.sum(eB * C_t[None, :], axis=1)

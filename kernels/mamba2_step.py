@@ -209,6 +209,9 @@ class Mamba2Cache:
     """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
+    part_scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+    """Row-split fused programs of an nvfp4 copy: fp32 rows and sync words per (batch
+    row, head) matrix (:func:`_part_buffers`)."""
     flush_stream: FlushStream = field(default_factory=FlushStream)
     """The concurrent flush's stream and the event after the weights launch."""
 
@@ -453,18 +456,19 @@ def launch_replay(
     npb = triton.cdiv(P, bp)
     need_amax = FMT_NVFP4 in ids
     fb = cache.split_config.flush_rows if mode == MODE_STEP else FLUSH_ROWS
-    if rpp and not need_amax:  # a row-split program flushes its own rows
+    if rpp:  # a row-split program flushes its own rows (nvfp4: the last encodes them all)
         fb = min(fb, bp)
-    # row split: a program per (head, tile); nvfp4: the head's first one flushes it all
+    # row split: a program per (head, tile)
     grid0, nt = (H * npb, 1) if rpp else (H // hpp, hpp * npb)
-    nq = bp // fb if rpp and not need_amax else triton.cdiv(P, fb)
+    nq = bp // fb if rpp else triton.cdiv(P, fb)
+    scr, sync = _part_buffers(cache, x.shape[0]) if rpp and need_amax else (out, ckpt.codes)
     mamba2_kernel[(grid0, x.shape[0])](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
         rx, rB, cache.ring_dt, cache.ring_len, cache.steps, cache.tickets, state_indices,
         x, dt, B, C, z if z is not None else x, out, params.A,
         params.D if params.D is not None else params.A,
-        params.dt_bias if params.dt_bias is not None else params.A,
+        params.dt_bias if params.dt_bias is not None else params.A, scr, sync,
         as_int32(cache.seed), as_int32(cache.seed + 1),
         *_strides(x, tok), *_strides(dt, tok), *_strides(B, tok), *_strides(C, tok),
         *_strides(z, tok), *_strides(out, tok),
@@ -475,8 +479,22 @@ def launch_replay(
         RING=ring_id, HAS_Z=z is not None, HAS_D=params.D is not None,
         HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus,
         WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax,
-        ROW_SPLIT=bool(rpp), HW_CVT=compiled_on(x.device), num_warps=nw,
+        ROW_SPLIT=bool(rpp), HW_CVT=compiled_on(x.device), NQH=triton.cdiv(P, fb),
+        num_warps=nw,
     )
+
+
+def _part_buffers(cache: Mamba2Cache, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-split programs of an nvfp4 copy: the fp32 rows of every (batch row, head)
+    matrix and its two sync words (zero between flushes; the kernel clears them)."""
+    H, P, N = cache.shape[1:]
+    bufs = cache.part_scratch
+    if bufs is None or bufs[1].numel() < batch * H * 2:
+        dev = cache.ckpt.codes.device
+        bufs = (torch.empty(batch * H * P * N, dtype=torch.float32, device=dev),
+                torch.zeros(batch * H * 2, dtype=torch.int32, device=dev))
+        cache.part_scratch = bufs
+    return bufs
 
 
 SMEM_PER_SM = 228 * 1024
@@ -759,7 +777,7 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
         mamba2_kernel[(H // hpp, batch)](
             *ckpt.kernel_args(), *rd.kernel_args(), ckpt.codes,
             rx, rB, cache.ring_dt, cache.pos, cache.steps, cache.tickets, state_indices,
-            x, dt, B, C, zz, out, params.A, D, dtb, 0, 0,
+            x, dt, B, C, zz, out, params.A, D, dtb, out, ckpt.codes, 0, 0,
             strides[0], 0, strides[1], 0, strides[2], 0, strides[3], 0, strides[4], 0,
             strides[5], 0, H, G, P, L, LR,
             N=N, BLOCK_P=bp, NPB=npb, HPP=hpp, NT=hpp * npb, FB=FLUSH_ROWS,

@@ -147,3 +147,24 @@ def finish_slot(tickets, ring_len, steps, slot, nprog, new_len, new_steps):
         tl.store(ring_len + slot, new_len)
         tl.store(steps + slot, new_steps)
         tl.store(tickets + slot, 0)
+
+
+@triton.jit
+def post_amax_part(sync, amax, PARTS: tl.constexpr):
+    """One of PARTS programs that flush a matrix together posts its part of the matrix
+    amax (``amax >= 0``: its float bits order as integers) into ``sync[0]`` and counts
+    itself in ``sync[1]`` (both zero between flushes).  Returns ``(last, amax_mat)``:
+    whether this program completed the count and, if so, the whole matrix's amax; the
+    last one also clears both words for the next flush.  Nobody waits, so no launch
+    order or residency is assumed.  The count's acquire-release orders what every
+    program stored before posting (its scratch rows) before the last one's reads, which
+    go to L2 (``.cg``).  Starts and ends with a barrier of the program's warps."""
+    tl.debug_barrier()  # every warp's stores and amax are in
+    tl.atomic_max(sync, amax.to(tl.int32, bitcast=True), sem="relaxed")
+    last = tl.atomic_add(sync + 1, 1, sem="acq_rel") == PARTS - 1
+    amax_mat = 0.0
+    if last:
+        amax_mat = tl.atomic_xchg(sync, 0, sem="acquire").to(tl.float32, bitcast=True)
+        tl.atomic_xchg(sync + 1, 0, sem="relaxed")
+    tl.debug_barrier()  # no warp reads another program's rows before the acquire
+    return last, amax_mat

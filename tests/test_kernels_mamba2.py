@@ -173,8 +173,9 @@ FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
             if "nvfp4" in (d.checkpoint_format, d.read_format)]
-         # the one-launch kernel with a program per (head, 16-row tile): small batches;
-         # nvfp4 also with its whole head folded as one 32-row chunk
+         # the one-launch kernel with a program per (head, 16-row tile): small batches
+         # (nvfp4: the last of a head's programs to post its amax encodes the copy);
+         # a flush chunk larger than the program's rows is cut to them
          + [(d, r, "fused-rows") for d, r in DESIGNS]
          + [(d, r, "fused-rows-fb32") for d, r in DESIGNS
             if "nvfp4" in (d.checkpoint_format, d.read_format)])
