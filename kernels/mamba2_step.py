@@ -63,8 +63,15 @@ ROWS_PER_PROGRAM = 16
 """Default ``rows_per_program`` of a plain cache of the fused launch (one-launch
 kernel, small batches).  H200, batch 1, per replay step against whole heads per
 program (nemotron-3-nano-4b / -super-120b): fp32 9.2 / 9.0 us against 10.9 / 10.2,
-fp32 + fp8 8.8 / 8.8 against 10.9 / 9.9.  Not for nvfp4 copies, whose matrix amax
-leaves the whole head's flush to one program: 12.2 / 12.4 against 11.6 / 9.3."""
+fp32 + fp8 8.8 / 8.8 against 10.9 / 9.9.  nvfp4 copies (the last of a head's programs
+to post its part of the matrix amax encodes the copy) take it on grids of at most
+``NVFP4_ROWS_MAX_PROGRAMS`` programs: batch 1 9.7 / 9.6 us against 11.9 / 9.6 (a
+head's first program folding the whole head, before: 12.2 / 12.4); at batch 4 (1920 /
+2048 programs) 19.7 / 20.3 against 25.2 / 17.0."""
+
+NVFP4_ROWS_MAX_PROGRAMS = 512
+"""Largest fused grid (slots x heads x row blocks) on which an nvfp4 copy's cache
+takes ``ROWS_PER_PROGRAM`` by default."""
 
 SPLIT_MIN_ROWS = 1024
 """Default launch of a replay cache: "split" when slots * heads reaches this, else "fused"."""
@@ -242,8 +249,9 @@ class Mamba2Cache:
         ``speculative`` gives each slot two ring halves (verify/commit only);
         ``launch``: "fused" or "split" (None: split from ``SPLIT_MIN_ROWS`` slot-heads);
         ``rows_per_program``: fused launch only, a power of two >= 16 or 0 for whole
-        heads (None: ``ROWS_PER_PROGRAM`` for a plain fused cache without nvfp4 copies
-        or ``heads_per_program`` > 1, else 0)."""
+        heads (None: ``ROWS_PER_PROGRAM`` for a plain fused cache without
+        ``heads_per_program`` > 1 -- with nvfp4 copies only on grids of at most
+        ``NVFP4_ROWS_MAX_PROGRAMS`` programs -- else 0)."""
         shape = (slots, heads, headdim, dstate)
         if ring_dtype not in _RING_IDS:
             raise ValueError(f"ring dtype must be fp32, bf16 or fp16, got {ring_dtype}")
@@ -254,9 +262,11 @@ class Mamba2Cache:
         if launch not in ("fused", "split"):
             raise ValueError(f"launch must be 'fused' or 'split', got {launch!r}")
         if rows_per_program is None:  # small batches: latency decides
+            small = ("nvfp4" not in (checkpoint_format, read_format)
+                     or slots * heads * -(-headdim // ROWS_PER_PROGRAM)
+                     <= NVFP4_ROWS_MAX_PROGRAMS)
             rows_per_program = (ROWS_PER_PROGRAM if launch == "fused" and not speculative
-                                and heads_per_program in (None, 1)
-                                and "nvfp4" not in (checkpoint_format, read_format) else 0)
+                                and heads_per_program in (None, 1) and small else 0)
         if rows_per_program:
             _check_rows_per_program(rows_per_program, launch, speculative, heads_per_program)
             heads_per_program = 1

@@ -428,13 +428,24 @@ def test_stale_ring_entries_never_reach_the_output(rows) -> None:
         assert torch.equal(a, b)
 
 
+def mk_shape(slots, heads, P, N, G, **kw) -> int:
+    """``rows_per_program`` a cache of this shape defaults to (on the CPU)."""
+    return Mamba2Cache.allocate(slots, heads, P, N, G, window=2, device="cpu",
+                                **kw).rows_per_program
+
+
 def test_rows_per_program_default() -> None:
-    """Plain fused caches split heads into 16-row programs; nvfp4 copies, speculative
-    caches, split launches and explicit multi-head programs keep whole heads."""
-    mk = lambda **kw: Mamba2Cache.allocate(2, H, P, N, G, window=2, device=DEV, **kw)  # noqa: E731
+    """Plain fused caches split heads into 16-row programs, nvfp4 copies on grids of at
+    most 512 programs; speculative caches, split launches and explicit multi-head
+    programs keep whole heads."""
+    mk = lambda slots=2, **kw: Mamba2Cache.allocate(slots, H, P, N, G, window=2,  # noqa: E731
+                                                    device=DEV, **kw)
     assert mk(launch="fused").rows_per_program == 16
     assert mk(launch="fused", read_format="fp8-e4m3").rows_per_program == 16
-    assert mk(launch="fused", read_format="nvfp4").rows_per_program == 0
+    assert mk(launch="fused", read_format="nvfp4").rows_per_program == 16
+    # nemotron-3-super-120b's shape: 512 programs at batch 1, 1024 at batch 2
+    big = dict(launch="fused", read_format="nvfp4", heads=128, P=64, N=128, G=8)
+    assert (mk_shape(1, **big), mk_shape(2, **big)) == (16, 0)
     assert mk(launch="fused", heads_per_program=2).rows_per_program == 0
     assert mk(launch="fused", speculative=True).rows_per_program == 0
     assert mk(launch="split").rows_per_program == 0
