@@ -478,6 +478,8 @@ def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.con
         else:
             c = e4m3_code(y, True)
         codes = tl.where(fin, c, 0x7F).to(tl.uint8)
+    elif (FMT == K_NVFP4) and FAST:
+        codes, s1, s2 = nvfp4_encode_fast(S, amax_mat, False, BLOCK_P, N)
     elif FMT == K_NVFP4:
         fin = is_finite(S)
         a = tl.where(fin, tl.abs(S), 0.0)
@@ -603,6 +605,77 @@ def fp8_encode_hw(S):
         y = tl.where(fin, y, float("nan"))
     c = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     return c, s1
+
+
+@triton.jit
+def e2m1_code_fast(y):
+    """:func:`e2m1_code` ``(y, False)`` (same codes for every non-NaN ``y``) by one
+    magic-number add: ``C = 2**(22 + e)`` with ``e = clamp(exponent(|y|), 0, 3)`` has the
+    E2M1 ulp of ``|y|`` as its own ulp (0.5 below 2, then 1, 2), so the integer
+    ``bits(|y| + C) - bits(C)`` is ``|y|`` rounded to that ulp (RNE) and adding ``2 e``
+    makes it the code; saturated at 7 (6.0); sign where ``y < 0``."""
+    a = tl.abs(y)
+    eb = tl.minimum(tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000),
+                    0x41000000)
+    big = eb + 0x0B000000
+    r = (a + big.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    mag = tl.minimum(r - big + ((eb >> 22) - 254), 7)
+    return mag | ((y < 0).to(tl.int32) << 3)
+
+
+@triton.jit
+def nvfp4_encode_fast(S, amax_mat, SELF_AMAX: tl.constexpr, BLOCK_P: tl.constexpr,
+                      N: tl.constexpr):
+    """:func:`encode_tile` for nvfp4 (the same codes, block scales and matrix scale)
+    with fewer operations per element.  ``SELF_AMAX``: the tile is the whole matrix
+    (rows past it zero) and its amax comes from the block maxima (``amax_mat`` ignored).
+
+    The tile is kept as ``[rows, blocks, 16]`` (block maxima and scales need no
+    broadcast back) and E2M1 rounding is :func:`e2m1_code_fast`.  A tile whose values
+    are all finite under a matrix scale of at least 2**-55 (every state in practice; one
+    NaN-propagating max per element tells) divides by its block scales through one
+    correctly rounded reciprocal per block and a corrected product per element, without
+    :func:`div_shared`'s scaling (the divisors are at least 2**-64, and every quotient is
+    at most ~6.4), and needs no non-finite selects; other tiles take the general path."""
+    S3 = tl.reshape(S, [BLOCK_P, N // 16, 16])
+    bmax_nan = tl.reduce(tl.abs(S3), 2, _max_nan)  # NaN / inf in a block that has one
+    fin_all = tl.min(tl.min((bmax_nan < float("inf")).to(tl.int32), axis=1), axis=0) == 1
+    if SELF_AMAX:
+        amax_plain = tl.max(tl.max(tl.where(bmax_nan < float("inf"), bmax_nan, 0.0), axis=1),
+                            axis=0)
+        s2 = tl.math.div_rn(amax_plain, 2688.0)
+    else:
+        s2 = tl.math.div_rn(amax_mat, 2688.0)
+    if fin_all & (s2 >= 2.7755575615628914e-17):  # 2**-55
+        s = tl.math.div_rn(bmax_nan, 6.0 * s2)
+        s = tl.minimum(tl.maximum(tl.where(s == 0, 1.0, s), 2.0**-9), 448.0)
+        sc = e4m3_code_bits(s, True)
+        den = e4m3_pos_value(sc) * s2
+        r = tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den)
+        q = S3 * r[:, :, None]
+        y = tl.fma(tl.fma(q, den[:, :, None], S3 * -1.0) * -1.0, r[:, :, None], q)
+        c3 = e2m1_code_fast(y)
+        s1 = sc.to(tl.uint8)
+    else:
+        a = tl.abs(S3)
+        fin = a < float("inf")
+        bmax = tl.max(tl.where(fin, a, 0.0), axis=2)
+        bfin = tl.min(fin.to(tl.int32), axis=2) != 0
+        if SELF_AMAX:
+            s2 = tl.math.div_rn(tl.max(tl.max(bmax, axis=1), axis=0), 2688.0)
+        nonzero = s2 > 0
+        s = tl.math.div_rn(bmax, 6.0 * s2)
+        s = tl.where(s == 0, 1.0, s)
+        s = tl.where(nonzero, s, 1.0)
+        sc = e4m3_code(tl.minimum(tl.maximum(s, 2.0**-9), 448.0), True)
+        den = e4m3_value_hw(sc.to(tl.uint8)) * s2
+        y = div_shared(S3, den[:, :, None])
+        ok = tl.where(nonzero, bfin.to(tl.int32), 0) != 0
+        c3 = tl.where(ok[:, :, None], e2m1_code_fast(y), 0)
+        s1 = tl.where(bfin, sc, 0x7F).to(tl.uint8)
+    lo, hi = tl.split(tl.reshape(c3, [BLOCK_P, N // 2, 2]))
+    codes = (lo | (hi << 4)).to(tl.uint8)
+    return codes, s1, s2
 
 
 @triton.jit

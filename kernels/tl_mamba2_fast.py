@@ -10,13 +10,6 @@
   block's partial sum is scaled once.  The values are those of
   ``tl_formats.decode_tile`` followed by a row sum; only the order of the fp32
   operations differs.
-* :func:`e2m1_code_fast` / :func:`nvfp4_encode_fast`: the nvfp4 encoder of
-  ``tl_formats.encode_tile`` (same bits) with E2M1 rounding by one magic-number add
-  (``(a + C) - C`` with ``C`` the power of two whose ulp is the E2M1 ulp of ``a``)
-  instead of the generic minifloat path, the tile kept as ``[rows, blocks, 16]`` so
-  block maxima and block scales need no broadcast back, the non-finite test folded
-  into one reduction and, optionally, the matrix amax taken from the block maxima
-  (a flush chunk that holds the whole matrix encodes in one pass).
 * :func:`fold_dot`: the flush's rank-L update to ~fp32 accuracy on the tensor cores
   (two tf32 passes where ``b`` is exact in tf32, ring B in bf16 / fp16; else three),
   with explicit splits: the same inputs always give the same bits.
@@ -37,8 +30,6 @@ from .tl_formats import (
     K_FP32,
     K_NVFP4,
     bf16_bits_to_f32,
-    div_shared,
-    e4m3_code,
     e4m3_value_hw,
     e8m0_value,
     element_index,
@@ -46,6 +37,7 @@ from .tl_formats import (
     fp8_encode_hw,
     fp16_bits_to_f32,
     fp16_rne_bits,
+    nvfp4_encode_fast,
     sr_bf16_code,
     sr_bits,
     sr_key,
@@ -115,51 +107,6 @@ def fold_dot(x, w, b, acc, EXACT_B: tl.constexpr):
 
 
 @triton.jit
-def e2m1_code_fast(y):
-    """``tl_formats.e2m1_code(y, False)`` (same codes for every non-NaN ``y``): RNE onto
-    {0, .5, 1, 1.5, 2, 3, 4, 6} as ``(a + C) - C`` with ``C = 2**(22 + clamp(e, 0, 3))``
-    (``e`` the exponent of ``|y|``; below 1 the E2M1 ulp is 0.5), saturated at 6; the
-    code from the result's bits; sign where ``y < 0``."""
-    a = tl.abs(y)
-    eb = tl.minimum(tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000),
-                    0x41000000)
-    big = (eb + 0x0B000000).to(tl.float32, bitcast=True)
-    q = tl.minimum((a + big) - big, 6.0)
-    mag = tl.where(q >= 1.0, (q.to(tl.int32, bitcast=True) >> 22) - 252,
-                   (q > 0.0).to(tl.int32))
-    return mag | ((y < 0).to(tl.int32) << 3)
-
-
-@triton.jit
-def nvfp4_encode_fast(S, amax_mat, SELF_AMAX: tl.constexpr, BLOCK_P: tl.constexpr,
-                      N: tl.constexpr):
-    """``tl_formats.encode_tile(S, K_NVFP4, ...)`` (same codes, block scales and matrix
-    scale).  ``SELF_AMAX``: the tile is the whole matrix (rows past it zero) and its
-    amax is taken from the block maxima (``amax_mat`` ignored)."""
-    S3 = tl.reshape(S, [BLOCK_P, N // 16, 16])
-    a = tl.abs(S3)
-    fin = a < float("inf")
-    bmax = tl.max(tl.where(fin, a, 0.0), axis=2)
-    bfin = tl.min(fin.to(tl.int32), axis=2) != 0
-    if SELF_AMAX:
-        amax_mat = tl.max(tl.max(bmax, axis=1), axis=0)
-    s2 = tl.math.div_rn(amax_mat, 2688.0)
-    nonzero = s2 > 0
-    s = tl.math.div_rn(bmax, 6.0 * s2)
-    s = tl.where(s == 0, 1.0, s)
-    s = tl.where(nonzero, s, 1.0)
-    sc = e4m3_code(tl.minimum(tl.maximum(s, 2.0**-9), 448.0), True)
-    den = e4m3_value_hw(sc.to(tl.uint8)) * s2
-    y = div_shared(S3, den[:, :, None])
-    ok = tl.where(nonzero, bfin.to(tl.int32), 0) != 0
-    c3 = tl.where(ok[:, :, None], e2m1_code_fast(y), 0)
-    lo, hi = tl.split(tl.reshape(c3, [BLOCK_P, N // 2, 2]))
-    codes = (lo | (hi << 4)).to(tl.uint8)
-    s1 = tl.where(bfin, sc, 0x7F).to(tl.uint8)
-    return codes, s1, s2
-
-
-@triton.jit
 def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step, amax_mat,
                FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
                HW_CVT: tl.constexpr = False, FAST_ENC: tl.constexpr = False,
@@ -167,7 +114,7 @@ def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
     """``tl_formats.store_state`` (same bits) without decoding the stored values back,
     stochastic rounding by :func:`sr_round_fast` / :func:`sr_bf16_code`, (``HW_CVT``,
     compiled code only) fp8 by :func:`fp8_encode_hw`, and (``FAST_ENC``) nvfp4 by
-    :func:`nvfp4_encode_fast` (``SELF_AMAX``: the tile holds the whole matrix,
+    ``tl_formats.nvfp4_encode_fast`` (``SELF_AMAX``: the tile holds the whole matrix,
     ``amax_mat`` is ignored); ``EVICT``: the stores evict first from L2."""
     if (FMT == K_NVFP4) and FAST_ENC:
         codes, s1, s2 = nvfp4_encode_fast(S, amax_mat, SELF_AMAX, BLOCK_P, N)

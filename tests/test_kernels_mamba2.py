@@ -28,13 +28,14 @@ from precisionlab.kernels.mamba2_step import (  # noqa: E402
     mamba2_step,
 )
 from precisionlab.kernels.state import StateStore  # noqa: E402
-from precisionlab.kernels.tl_formats import (  # noqa: E402
+from precisionlab.kernels.tl_formats import (  # noqa: E402  # noqa: E402
     K_NVFP4,
     e2m1_code,
+    e2m1_code_fast,
+    nvfp4_encode_fast,
     store_codes,
     tile_offsets,
 )
-from precisionlab.kernels.tl_mamba2_fast import e2m1_code_fast, nvfp4_encode_fast  # noqa: E402
 from precisionlab.kinds import kind_for  # noqa: E402
 from precisionlab.layers import mamba2  # noqa: E402
 from precisionlab.presets import Preset  # noqa: E402
@@ -522,6 +523,54 @@ def test_nvfp4_encode_fast_bits() -> None:
     _nvfp4_fast_kernel[(6,)](x, *ours.kernel_args(), 20, BLOCK_P=32, N=64)
     for a, b in zip(ours.tensors(), ref.tensors(), strict=True):
         assert torch.equal(bits(a), bits(b))
+
+
+@triton.jit
+def _nvfp4_given_amax_kernel(x_ptr, amax_ptr, c_ptr, s1_ptr, s2_ptr, P, BLOCK_P: tl.constexpr,
+                             N: tl.constexpr):
+    mat = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK_P)
+    m = rows < P
+    S = tl.load(x_ptr + mat * P * N + tile_offsets(rows, N), mask=m[:, None], other=0.0)
+    codes, s1, s2 = nvfp4_encode_fast(S, tl.load(amax_ptr + mat), False, BLOCK_P, N)
+    store_codes(c_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, rows, m, P, K_NVFP4, BLOCK_P, N)
+
+
+def test_nvfp4_encode_fast_ties_after_division() -> None:
+    """Elements exactly at E2M1 ties (0.25, 0.75, ..., 5) times block divisors that are
+    not powers of two (E4M3 scales 1.125..1.875 times matrix scales of 12-bit
+    mantissas): the plain-tile path's quotient must be the correctly rounded one (a
+    product by the reciprocal alone misses about one tie in eight).  Matrix amax taken
+    from the tile and given by the caller."""
+    g = torch.Generator().manual_seed(7)
+    mats, P, N = 8, 16, 64
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+    vals = torch.tensor([1.125, 1.375, 1.625, 1.875, 0.875, 0.625], dtype=torch.float64)
+    x = torch.zeros(mats, P, N, dtype=torch.float64)
+    for i in range(mats):
+        s2 = float(torch.randint(2048, 4096, (1,), generator=g)) * 2.0 ** int(
+            torch.randint(-40, -5, (1,), generator=g))
+        blocks = x[i].view(P, N // 16, 16)
+        v = vals[torch.randint(0, len(vals), (P, N // 16), generator=g)]
+        den = v * s2
+        t = ties[torch.randint(0, len(ties), (P, N // 16, 16), generator=g)]
+        sign = torch.where(torch.rand(P, N // 16, 16, generator=g) < 0.5, -1.0, 1.0)
+        blocks.copy_(sign * t * den[..., None])
+        blocks[..., 0] = 6.0 * den  # the block max: its scale is exactly v
+        x[i, 0, 0] = 2688.0 * s2  # the matrix amax: matrix scale exactly s2
+    assert torch.equal(x.float().double(), x)  # every value exact in fp32
+    x = x.float().reshape(1, mats, P, N).to(DEV)
+    ref = StateStore.encode(x, "nvfp4")
+    amax = x.abs().amax(dim=(2, 3)).reshape(mats).contiguous()
+    for self_amax in (True, False):
+        ours = StateStore.empty("nvfp4", tuple(x.shape), DEV)
+        if self_amax:
+            _nvfp4_fast_kernel[(mats,)](x, *ours.kernel_args(), P, BLOCK_P=P, N=N)
+        else:
+            _nvfp4_given_amax_kernel[(mats,)](x, amax, *ours.kernel_args(), P, BLOCK_P=P,
+                                              N=N)
+        for a, b in zip(ours.tensors(), ref.tensors(), strict=True):
+            assert torch.equal(bits(a), bits(b)), self_amax
 
 
 # ----------------------------------------------------------- speculative decoding
