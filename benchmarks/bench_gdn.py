@@ -63,8 +63,9 @@ LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
          # the output launch left to the library (128-row tensor-core tiles of 2 warps,
          # 4 per program but at most a k-head group's: 2 for qwen3.5-4b; naming
          # out_block_v alone would mean one tile per program)
-         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, "flush_pass": "scratch",
-                                "fast_encode": True},
+         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
+                                "flush_ctas_per_sm": 8, "flush_stages": 1,
+                                "flush_pass": "scratch", "fast_encode": True},
          "verify-T4": {"verify_block_v": 16, "verify_num_warps": 1, "verify_stages": 2,
                        "verify_maxnreg": 0, "verify_launch": "staged-dot"}}
 # keys of the output launch and of the flush launch: the sweep picks each group from
