@@ -62,9 +62,9 @@ LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
                             "out_mma": True, "fast_encode": True, "hw_fp8": True},
          # the output launch left to the library (128-row tensor-core tiles of 2 warps,
          # 4 per program but at most a k-head group's: 2 for qwen3.5-4b; naming
-         # out_block_v alone would mean one tile per program)
-         "split-fp16sr-nvfp4": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
-                                "flush_ctas_per_sm": 8, "flush_stages": 1,
+         # out_block_v alone would mean one tile per program), and so is the flush's
+         # programs (1-warp TMA ones for qwen3.5-4b, 4-warp plain ones for qwen3.5-122b)
+         "split-fp16sr-nvfp4": {"launch": "staged", "block_v": 128, "flush_chunk": 16,
                                 "flush_pass": "scratch", "fast_encode": True},
          "verify-T4": {"verify_block_v": 16, "verify_num_warps": 1, "verify_stages": 2,
                        "verify_maxnreg": 0, "verify_launch": "staged-dot"}}

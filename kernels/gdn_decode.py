@@ -1518,11 +1518,13 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     obv = min(V, obv)
     while (v_heads // k_heads * (V // obv)) % otpp:  # tiles of a k-head group
         otpp //= 2
-    # TMA chunk loads for a dense checkpoint unless a copy is an nvfp4 checkpoint; an
-    # nvfp4 read copy of a dense one takes them since the seventeenth run (1-warp
-    # programs, the encode from the scratch; qwen3.5-4b / 122b flush 1203-1213 ->
-    # 1148 / 2407-2419 -> 2381 us against 4-warp programs with plain loads)
-    tma = checkpoint in DENSE_FORMATS and (read == "nvfp4" or not whole)
+    # TMA chunk loads for a dense checkpoint without nvfp4 copies; with an nvfp4 read
+    # copy where the flush has at most 8192 units (batch x v-heads), in 1-warp programs
+    # (seventeenth run, flush us against 4-warp programs with plain loads, in one process:
+    # qwen3.5-4b 1128 / 1147 / 1148 against 1203-1213; qwen3.5-122b 2381 / 2475 / 2447
+    # against 2384-2419, so not there)
+    nv_tma = read == "nvfp4" and batch * v_heads <= 8192
+    tma = checkpoint in DENSE_FORMATS and (nv_tma or not whole)
     # flush programs (warps, registers, programs per SM, pipeline stages)
     if tma and read in (None, "fp8-e4m3", "nvfp4"):
         fw, fr, fc, fs = 1, 255, 8, 1
