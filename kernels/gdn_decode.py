@@ -383,31 +383,9 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
         s2_old = tl.load(c_s2 + mat)
     else:
         s2_old = 0.0
-    if PARTS > 0:
-        offs_k = tl.arange(0, K)
-        for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
-            offs_v = v0 + c * FB + tl.arange(0, FB)
-            Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
-                             offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
-                             C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
-            amax = tl.maximum(amax, matrix_amax(Sn))
-            tl.store(scr + offs_v[:, None] * K + offs_k[None, :], Sn)
-            _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
-                        offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, not C4,
-                        not F4, FAST, HW)
-        _encode_posted(sync, amax, scr, c_data, c_s1, c_s2, f_data, f_s1, f_s2, mat, seed, t,
-                       K, V, FB, FNS, PARTS, C_FMT, F_FMT, FAST)
-    elif NC == 1:
-        offs_v = v0 + tl.arange(0, FB)
-        Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n,
-                         valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
-                         DOT, ck_desc, TMA, v0)
-        if AMAX:
-            amax = matrix_amax(Sn)
-        _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
-                    offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST,
-                    HW, ck_desc, TMA, v0)
-    elif AMAX and SCRATCH:
+    if (PARTS > 0) or (AMAX and SCRATCH and NC > 1):
+        # first pass: fold, write what needs no amax, keep the fp32 rows (``scr``: row
+        # v0's place; with PARTS inside the matrix's scratch, which starts v0 rows before)
         offs_k = tl.arange(0, K)
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
             if PF > 0:
@@ -422,13 +400,27 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, not C4,
                         not F4, FAST, HW)
-        tl.debug_barrier()  # the scratch rows are read back by other threads
-        for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
-            offs_v = v0 + c * FB + tl.arange(0, FB)
-            Sn = tl.load(scr + (offs_v - v0)[:, None] * K + offs_k[None, :])
-            _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
-                        offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, False, False, C4, F4,
-                        FAST)
+        if PARTS > 0:  # the last of the matrix's programs encodes all its rows
+            _encode_posted(sync, amax, scr - v0 * K, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
+                           mat, seed, t, K, V, FB, FNS, PARTS, C_FMT, F_FMT, FAST)
+        else:  # second pass: the nvfp4 copies of the unit's rows
+            tl.debug_barrier()  # the scratch rows are read back by other threads
+            for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
+                offs_v = v0 + c * FB + tl.arange(0, FB)
+                Sn = tl.load(scr + (offs_v - v0)[:, None] * K + offs_k[None, :])
+                _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row,
+                            mat, offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, False, False, C4,
+                            F4, FAST)
+    elif NC == 1:
+        offs_v = v0 + tl.arange(0, FB)
+        Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n,
+                         valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
+                         DOT, ck_desc, TMA, v0)
+        if AMAX:
+            amax = matrix_amax(Sn)
+        _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
+                    offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST,
+                    HW, ck_desc, TMA, v0)
     else:
         if AMAX:  # first pass: the matrix amax only (the second reads L2-hot data)
             for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
@@ -703,8 +695,9 @@ def _replay_kernel(
                                 out + (bidx * HV + h) * V, rbase, h, hk,
                                 slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g, beta,
                                 seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
-                                RING, True, FRESH, DOT, True, scr + um.to(tl.int64) * (V * K),
-                                False, FAST, sync=sync + um * 2, PARTS=PARTS)
+                                RING, True, FRESH, DOT, True,
+                                scr + (um.to(tl.int64) * V + (tau % NVB) * BV) * K, False, FAST,
+                                sync=sync + um * 2, PARTS=PARTS)
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
