@@ -342,8 +342,9 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     the hardware conversion (:func:`_write_rows`).  SUBST: the window's triangular
     system inverted by forward substitution (``gdn_extra.inv_unit_lower``; fewer
     instructions per thread in a one-warp program).  PARTS > 0 (an nvfp4 copy whose
-    matrix is flushed by PARTS programs, BVF rows each): ``scr`` holds the whole matrix's
-    fp32 rows (row ``v`` at ``scr + v * K``) and ``sync`` two int32 words, the matrix
+    matrix is flushed by PARTS programs, BVF rows each): ``scr`` is row v0's place in the
+    matrix's fp32 scratch (row ``v`` at ``scr + (v - v0) * K``) and ``sync`` two int32
+    words, the matrix
     amax's bits and a count of programs done (both zero between flushes); each program
     folds and writes its rows as the SCRATCH pass does and posts its amax, and the last
     one to post encodes the nvfp4 copies of all V rows (:func:`_encode_posted`)."""
