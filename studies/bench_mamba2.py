@@ -521,6 +521,23 @@ def self_tune_split(runner, k: str, prob, L: int, cands: list, flush_cands: list
     return min(recs, key=lambda r: r["us_step"])["cfg"]
 
 
+def config_at(kernel: str, batch: int, heads: int, cfgs: dict):
+    """The configuration ``kernel`` runs at ``batch``: the small-batch tuning's pick
+    (``cfgs["<kernel>@small"]``, batches below 16) if there is one; else, on batches
+    small enough for the one-launch kernel, the library's own small-batch defaults (the
+    conventional step's programs; a replay design's fused launch, or its tuned fused
+    candidate); else ``cfgs[kernel]`` (the tuned or first candidate)."""
+    if batch < 16 and f"{kernel}@small" in cfgs:
+        return cfgs[f"{kernel}@small"]
+    if batch * heads < SPLIT_MIN_ROWS:
+        if kernel == "conventional":
+            return (None, None)
+        if kernel in DESIGNS and kernel != "verify-T4":
+            return next((c for c in CANDIDATES.get(kernel, []) if isinstance(c, dict)
+                         and c.get("launch") == "fused"), {"launch": "fused"})
+    return cfgs.get(kernel, (None, None))
+
+
 def bench_mamba2(
     models: Sequence[str] = MODELS,
     batches: Sequence[int] = (1, 64, 256),
@@ -642,15 +659,7 @@ def bench_mamba2(
                 for ki, k in enumerate(kernels):
                     if L != windows[0] and k in ("conventional", "mamba_ssm", "verify-T4"):
                         continue
-                    cfg = cfgs.get(k, (None, None))
-                    small = batch < 16 and f"{k}@small" in cfgs
-                    if small:
-                        cfg = cfgs[f"{k}@small"]
-                    if (k in DESIGNS and k != "verify-T4" and batch * prob.H < SPLIT_MIN_ROWS
-                            and not small):
-                        # small batches: the one-launch kernel (its tuned candidate if any)
-                        cfg = next((c for c in CANDIDATES.get(k, []) if isinstance(c, dict)
-                                    and c.get("launch") == "fused"), {"launch": "fused"})
+                    cfg = config_at(k, batch, prob.H, cfgs)
                     if k in DESIGNS and k != "verify-T4" and phases != "aligned":
                         cfg = {**_as_replay_cfg(cfg), "phases": phases}
                     try:

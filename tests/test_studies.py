@@ -106,3 +106,20 @@ def test_mamba2_bench_rejects_unknown_phases() -> None:
 
     with pytest.raises(ValueError, match="phases must be one of aligned, staggered"):
         bench_mamba2(phases="random", device="cpu")
+
+
+def test_bench_mamba2_small_batches_run_the_library_defaults() -> None:
+    """Without a small-batch tuning pick, batches small enough for the one-launch kernel
+    run the library's small-batch defaults (the conventional step's own programs, the
+    replay designs' fused launch); the pick wins where there is one; large batches run
+    the batch-256 configuration."""
+    from precisionlab.studies.bench_mamba2 import config_at
+
+    untuned = {"conventional": (16, 4), "replay-fp32": {"launch": "split"}}
+    assert config_at("conventional", 1, 96, untuned) == (None, None)
+    assert config_at("conventional", 256, 96, untuned) == (16, 4)
+    assert config_at("replay-fp32", 1, 96, untuned)["launch"] == "fused"
+    assert config_at("replay-fp32", 256, 96, untuned) == {"launch": "split"}
+    tuned = {**untuned, "conventional@small": (8, 2)}
+    assert config_at("conventional", 1, 96, tuned) == (8, 2)
+    assert config_at("conventional", 64, 96, tuned) == (16, 4)  # 6144 rows: not small
