@@ -711,6 +711,38 @@ def test_out_mma_is_the_staged_fp8_default() -> None:
         assert c.out_mma and (c.out_BV, c.out_TPP, c.out_stages) == (128, tpp, 2)
 
 
+@pytest.mark.parametrize("read", ["nvfp4", None], ids=["split", "shared"])
+def test_part_matrix_nvfp4_flush_at_full_matrix_size(read) -> None:
+    """128 x 128 matrices flushed by eight 16-row programs each (the small-batch default
+    at the models' shape): after every flush -- the second one too, so the posting words
+    were cleared -- the stored copies are formats' encoding of the kernel's fp32 state,
+    and the outputs agree with whole-matrix programs."""
+    D, hv, ckpt = 128, 2, ("fp16-sr" if read else "nvfp4")
+    live = torch.tensor([1, 0], device=DEV)
+    idx = live.to(torch.int32)
+
+    def make(bv: int) -> GDNReplayCache:
+        c = GDNReplayCache(2, 1, hv, D, D, window=2, checkpoint=ckpt, read=read, seed=4,
+                           device=DEV, keep_fresh=True, launch="fused", block_v=bv)
+        c.reset(0.5 * torch.randn(2, hv, D, D, generator=torch.Generator().manual_seed(2)
+                                  ).to(DEV), slots=live)
+        return c
+
+    parts, whole = make(16), make(D)
+    g = torch.Generator().manual_seed(5)
+    A_log, dt_bias = torch.zeros(hv, device=DEV), torch.zeros(hv, device=DEV)
+    for t in range(5):  # flushes at steps 1 and 3
+        q, k = (torch.randn(2, 1, D, generator=g).to(DEV) for _ in range(2))
+        v = torch.randn(2, hv, D, generator=g).to(DEV)
+        a, b = (torch.randn(2, hv, generator=g).to(DEV) for _ in range(2))
+        o = parts.step(q, k, v, a, b, A_log, dt_bias, idx)
+        assert rel(o, whole.step(q, k, v, a, b, A_log, dt_bias, idx)) < TOL, t
+        if t % 2 == 1:
+            assert_bits(parts.ckpt, parts.fresh, 4, t, live)
+            if read is not None:
+                assert_bits(parts.read, parts.fresh, 5, t, live)
+
+
 def test_fused_launch_nvfp4_rows_by_grid() -> None:
     """Small batches with an nvfp4 copy: 16-row programs (the last of a head's to post
     its amax encodes the copy) on grids of at most 512 of them, whole-matrix programs
