@@ -391,6 +391,38 @@ def test_split_config_rejects_unknown_values(field: str) -> None:
                     HeadParams(params.A, params.D, params.dt_bias), z=r["z"], dt_softplus=True)
 
 
+@pytest.mark.parametrize("read", ["nvfp4", None], ids=["split", "shared"])
+def test_row_split_nvfp4_flush_at_model_size(read) -> None:
+    """nemotron-3-nano-4b's head shape (80 x 128) flushed by five 16-row programs per
+    head: after every flush -- the second one too, so the posting words were cleared --
+    the stored copies are formats' encoding of the kernel's fp32 state, and the outputs
+    agree with whole-head programs."""
+    Hm, Pm, Nm, Gm, batch = 2, 80, 128, 1, 2
+    ckpt = "fp16-sr" if read else "nvfp4"
+    S0 = 0.5 * torch.randn(batch, Hm, Pm, Nm, generator=torch.Generator().manual_seed(2))
+
+    def make(rows: int) -> Mamba2Cache:
+        c = Mamba2Cache.allocate(batch, Hm, Pm, Nm, Gm, checkpoint_format=ckpt,
+                                 read_format=read, window=2, device=DEV, seed=3,
+                                 keep_fresh=True, launch="fused", rows_per_program=rows)
+        c.load_state(S0.to(DEV))
+        return c
+
+    parts, whole = make(16), make(0)
+    head = HeadParams(-torch.ones(Hm, device=DEV), torch.ones(Hm, device=DEV))
+    g = torch.Generator().manual_seed(5)
+    for t in range(5):  # flushes at steps 1 and 3
+        x = torch.randn(batch, Hm, Pm, generator=g).to(DEV)
+        dt = (0.1 * torch.rand(batch, Hm, generator=g)).to(DEV)
+        B, C = (torch.randn(batch, Gm, Nm, generator=g).to(DEV) for _ in range(2))
+        y = mamba2_step(parts, x, dt, B, C, head)
+        assert rel(y, mamba2_step(whole, x, dt, B, C, head)) < TOL, t
+        if t % 2 == 1:
+            assert_store_bits(parts.ckpt, parts.fresh, 3, t)
+            if read is not None:
+                assert_store_bits(parts.read, parts.fresh, 4, t)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(rows_per_program=8), "power of two >= 16"),
     (dict(rows_per_program=24), "power of two >= 16"),
