@@ -443,7 +443,8 @@ def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.con
     (stochastic formats only); ``amax_mat``: the whole matrix's finite amax (nvfp4
     only; a tile may hold part of the matrix).  Rows outside the matrix must be zero.
     ``FAST``: the integer-rounding encoders (:func:`e4m3_code_bits`, :func:`e2m1_code_bits`,
-    :func:`sr_bf16_code`, :func:`sr_round_fast`), fewer instructions for the same bits."""
+    :func:`sr_bf16_code`, :func:`sr_round_fast`, :func:`nvfp4_encode_fast`), fewer
+    instructions for the same bits."""
     s1 = 0.0
     s2 = 0.0
     if FMT == K_FP32:
@@ -489,22 +490,12 @@ def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.con
         s = tl.where(s == 0, 1.0, s)
         s = tl.where(nonzero, s, 1.0)
         s = tl.minimum(tl.maximum(s, 2.0**-9), 448.0)
-        if FAST:  # one reciprocal per block
-            sc = e4m3_code_bits(s, True)
-            den = (e4m3_pos_value(sc) * s2)[:, :, None]
-            y = tl.reshape(div_shared(tl.reshape(S, [BLOCK_P, N // 16, 16]), den),
-                           [BLOCK_P, N])
-        else:
-            sc = e4m3_code(s, True)
-            y = tl.math.div_rn(S, per_block(e4m3_value(sc) * s2, BLOCK_P, N, 16))
+        sc = e4m3_code(s, True)
+        y = tl.math.div_rn(S, per_block(e4m3_value(sc) * s2, BLOCK_P, N, 16))
         bfin = block_max(tl.where(fin, 0, 1), BLOCK_P, N, 16) == 0
         okb = tl.where(nonzero, bfin.to(tl.int32), 0)
         ok = per_block(okb, BLOCK_P, N, 16) != 0
-        if FAST:
-            c = e2m1_code_bits(y, False)
-        else:
-            c = e2m1_code(y, False)
-        codes = pack_nibbles(tl.where(ok, c, 0), BLOCK_P, N)
+        codes = pack_nibbles(tl.where(ok, e2m1_code(y, False), 0), BLOCK_P, N)
         s1 = tl.where(bfin, sc, 0x7F).to(tl.uint8)
     else:  # K_MXFP4
         fin = is_finite(S)
