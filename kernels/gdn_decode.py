@@ -764,7 +764,22 @@ def _prep_kernel(
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
     EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
 ):
-    """Staged launch, first of the output step: one program per (k-head, batch row).
+    """Staged launch, first of the output step: one program per (k-head, batch row)
+    (:func:`_prep_group`)."""
+    _prep_group(tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias,
+                state_idx, ring_k, ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, HK, HV, K, L,
+                R, RP, CW, GP, RING, EAGER, CONC, MMA)
+
+
+@triton.jit
+def _prep_group(
+    hk, bidx, q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k, ring_g, ring_b,
+    ring_kk, tickets, pqk, pco, pn,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
+    RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
+    EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
+):
+    """The output step's preparation for k-head ``hk`` of batch row ``bidx``.
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
     and computes the ring products ``k_i . k``, ``k_i . q`` once per k-head; for the
     group's value heads (a ``(GP, RP)`` tile, one row per head) the gates, the decay
@@ -782,8 +797,6 @@ def _prep_kernel(
     as two parts each (rows k hi, k lo, q hi, q lo): MMA 1 (fp8, nvfp4 copies) float16
     :func:`tl_dots.split_f16` parts, MMA 2 (fp32) float32 tf32 heads and remainders;
     MMA 0 their float32 values (q, k)."""
-    hk = tl.program_id(0)
-    bidx = tl.program_id(1)
     GRP: tl.constexpr = HV // HK
     offs_k = tl.arange(0, K)
     offs_r = tl.arange(0, RP)
@@ -843,7 +856,8 @@ def _prep_kernel(
 
 @triton.jit
 def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.constexpr,
-                 RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None):
+                 RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None,
+                 CG: tl.constexpr = ""):
     """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
     codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
     ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
@@ -852,14 +866,15 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
     instead of ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core
     product (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_word_dot`), an fp32
     tile's two tf32 ones (its tf32 head and remainder), the ring's part one more
-    (``RING``: the ring dtype, exact in tf32 unless fp32)."""
+    (``RING``: the ring dtype, exact in tf32 unless fp32).  CG: the loads' cache
+    modifier (".cg" where the coefficients were written in the same launch)."""
     offs_r = tl.arange(0, RP)
-    ck = tl.load(cb + offs_r)
-    cq = tl.load(cb + RP + offs_r)
-    eG = tl.load(cb + 2 * RP)
-    alpha = tl.load(cb + 2 * RP + 1)
-    beta = tl.load(cb + 2 * RP + 2)
-    kqs = tl.load(cb + 2 * RP + 3)
+    ck = tl.load(cb + offs_r, cache_modifier=CG)
+    cq = tl.load(cb + RP + offs_r, cache_modifier=CG)
+    eG = tl.load(cb + 2 * RP, cache_modifier=CG)
+    alpha = tl.load(cb + 2 * RP + 1, cache_modifier=CG)
+    beta = tl.load(cb + 2 * RP + 2, cache_modifier=CG)
+    kqs = tl.load(cb + 2 * RP + 3, cache_modifier=CG)
     if KQ is None:
         Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
         Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
@@ -892,43 +907,78 @@ def _out_kernel(
     FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0,
 ):
     """Staged launch, second of the output step.  Grid ``(HV * (V // BV) // TPP, B)``:
-    TPP tiles of BV rows (one k-head group) of the stored copy.  Everything a tile
-    needs besides its rows of the copy and of the ring's d comes from the prep
-    launch (``pqk``: q, k; ``pco``: the head's ring coefficients and scalars;
-    ``pn``: the ring position), so every load is issued once the slot index and the
-    position (two independent loads) are back, and no program reduces over the
-    ring's k.  Stores o and appends d, v at ring position n.  Rows with ``pn < 0``
-    (flushing or padding) return after that load: at a flush step of the whole batch
-    the launch costs next to nothing (a masked body took 65-85 us on an H200).  MMA
-    (fp8, nvfp4 or fp32 copies): a tile's row sums are tensor-core products with the split k
-    and q the prep launch left in ``pqk`` (:func:`_staged_rows`)."""
-    pid = tl.program_id(0)
+    TPP tiles of BV rows (one k-head group) of the stored copy (:func:`_out_tiles`).
+    Everything a tile needs besides its rows of the copy and of the ring's d comes
+    from the prep launch (``pqk``: q, k; ``pco``: the head's ring coefficients and
+    scalars; ``pn``: the ring position), so every load is issued once the slot index
+    and the position (two independent loads) are back, and no program reduces over the
+    ring's k.  Rows with ``pn < 0`` (flushing or padding) return after that load: at a
+    flush step of the whole batch the launch costs next to nothing (a masked body took
+    65-85 us on an H200)."""
     bidx = tl.program_id(1)
+    slot = tl.load(state_idx + bidx)
+    n = tl.load(pn + bidx)
+    _out_tiles(tl.program_id(0), bidx, slot, n, v_ptr, out, r_data, r_s1, r_s2, ring_v, ring_d,
+               pqk, pco, HK, HV, K, V, BV, TPP, NS, R, RP, CW, FMT, RING, MMA)
+
+
+@triton.jit
+def _out_tiles(
+    pid, bidx, slot, n, v_ptr, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    TPP: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
+    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0, flag=None, gen=0,
+    PFO: tl.constexpr = False, SPIN: tl.constexpr = True,
+):
+    """The output tiles of program ``pid`` of batch row ``bidx`` (slot ``slot``, ring
+    position ``n``; nothing where ``n < 0``): TPP tiles of BV rows (one k-head group)
+    of the stored copy.  Stores o and appends d, v at ring position n.  MMA (fp8,
+    nvfp4 or fp32 copies): a tile's row sums are tensor-core products with the split
+    k and q the prep left in ``pqk`` (:func:`_staged_rows`).  ``flag`` (the prep and
+    output launch in one, :func:`_prep_out_kernel`): the program waits until the
+    group's prep has published ``gen`` there (acquire) before it reads ``pqk`` and
+    ``pco`` (from L2); PFO (compiled code only): it first asks L2 for its tiles.  Without
+    SPIN it looks once (the Triton interpreter runs the programs one after another, in
+    ticket order, so a prep that has not published is a bug: its outputs are NaN
+    instead of a hang)."""
     NVB: tl.constexpr = V // BV
     GRP: tl.constexpr = HV // HK
     tau0 = pid * TPP
     hk = tau0 // (GRP * NVB)
-    slot = tl.load(state_idx + bidx)
-    n = tl.load(pn + bidx)
-    if n >= 0:  # (pn < 0 where the slot is missing too)
+    if n >= 0:  # (n < 0 where the slot is missing too)
         slot64 = tl.maximum(slot, 0).to(tl.int64)
         rbase = slot64 * R
         offs_r = tl.arange(0, RP)
         offs_k = tl.arange(0, K)
         valid = offs_r < n
+        CG: tl.constexpr = "" if flag is None else ".cg"
+        ready = True
+        if flag is not None:
+            if PFO:
+                for i in tl.static_range(TPP):
+                    l2_prefetch_rows(r_data, slot64 * HV + (tau0 + i) // NVB,
+                                     ((tau0 + i) % NVB) * BV, V, BV, FMT, K)
+            fp = flag + bidx * HK + hk
+            f = tl.atomic_add(fp, 0, sem="acquire")
+            if SPIN:
+                while f != gen:
+                    f = tl.atomic_add(fp, 0, sem="acquire")
+            else:
+                ready = f == gen
         if MMA != 0:
             offs_c = tl.arange(0, 16)
             rows_kq = offs_k
             if FMT == K_NVFP4:  # the element order of the decoded words
                 rows_kq = nvfp4_word_order(offs_k)
             KQ = tl.load(pqk + (bidx * HK + hk) * (4 * K) + offs_c[None, :] * K
-                         + rows_kq[:, None], mask=(offs_c < 4)[None, :], other=0.0)
+                         + rows_kq[:, None], mask=(offs_c < 4)[None, :], other=0.0,
+                         cache_modifier=CG)
             q = 0.0
             k = 0.0
         else:
             qb = pqk + (bidx * HK + hk) * (2 * K)
-            q = tl.load(qb + offs_k)
-            k = tl.load(qb + K + offs_k)
+            q = tl.load(qb + offs_k, cache_modifier=CG)
+            k = tl.load(qb + K + offs_k, cache_modifier=CG)
             KQ = None
         pos = rbase + n
         for i in tl.range(0, TPP, num_stages=NS):
@@ -943,10 +993,71 @@ def _out_kernel(
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
                                    other=0.0).to(tl.float32), RING)
             o, d = _staged_rows(codes, sc, s2v, k, q, Dr, pco + (bidx * HV + h) * CW, v, K,
-                                BV, RP, FMT, RING, KQ)
+                                BV, RP, FMT, RING, KQ, CG)
+            if not SPIN:
+                o = tl.where(ready, o, float("nan"))
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
+
+
+@triton.jit(do_not_specialize=["B", "lead"])
+def _prep_out_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out, r_data, r_s1, r_s2,
+    ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, order, flags, B,
+    lead,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    TPP: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    CW: tl.constexpr, GP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
+    MMA: tl.constexpr, PFO: tl.constexpr, SPIN: tl.constexpr,
+):
+    """The staged output step as one launch: ``B * HK`` prep programs
+    (:func:`_prep_group`) and ``B * NPO`` output programs (:func:`_out_tiles`,
+    ``NPO = HV * (V // BV) // TPP`` per row) on a 1-D grid.  A program's role comes
+    from a ticket (``order``: one int64, the launch count in its high half and the
+    tickets taken in its low half; the program that takes the launch's last ticket
+    clears the low half and counts the launch), not from its program id: the preps
+    of the first ``lead`` rows, then per row r its output programs followed by the
+    preps of row ``r + lead``.  An output program reads its row's clock itself
+    (nothing advances it here: the host advances it after the launch), returns where
+    the row flushes or has no slot, and otherwise waits until its k-head group's prep
+    has set the group's word in ``flags`` to this launch's count.  A prep's ticket
+    precedes those of the output programs that wait on it, and a program holds its
+    ticket only once it runs, so every awaited prep runs and waits on nothing: no
+    launch order or residency is assumed."""
+    NPO: tl.constexpr = HV * (V // BV) // TPP
+    t = tl.atomic_add(order, 1, sem="relaxed")
+    gen = (t >> 32).to(tl.int32)
+    i = (t & 0xFFFFFFFF).to(tl.int32)
+    total = B * (HK + NPO)
+    if i == total - 1:  # every other program has its ticket: count the launch
+        tl.atomic_add(order, (1 << 32) - total.to(tl.int64), sem="relaxed")
+    a = tl.minimum(lead, B)
+    head = a * HK  # the first rows' preps
+    per = NPO + HK  # then per row: its output programs, the prep of the row lead ahead
+    r = i - head
+    paired = (B - a) * per
+    j = r // per
+    off = r % per
+    is_prep = (i < head) | ((r < paired) & (off >= NPO))
+    prow = tl.where(i < head, i // HK, j + a)
+    phk = tl.where(i < head, i % HK, off - NPO)
+    orow = tl.where(r < paired, j, (B - a) + (r - paired) // NPO)
+    opid = tl.where(r < paired, off, (r - paired) % NPO)
+    if is_prep:
+        _prep_group(phk, prow, q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k,
+                    ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, HK, HV, K, L, R, RP, CW, GP,
+                    RING, False, True, MMA)
+        tl.debug_barrier()  # every warp's stores are in
+        tl.atomic_xchg(flags + prow * HK + phk, gen, sem="release")
+    else:
+        slot = tl.load(state_idx + orow)
+        live = slot >= 0
+        clock = tl.load(tickets + tl.maximum(slot, 0), mask=live, other=0, cache_modifier=".cg")
+        n = (clock // HK) % L
+        n = tl.where(live & (n != L - 1), n, -1)
+        _out_tiles(opid, orow, slot, n, v_ptr, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco,
+                   HK, HV, K, V, BV, TPP, NS, R, RP, CW, FMT, RING, MMA, flags, gen, PFO, SPIN)
 
 
 @triton.jit
@@ -1506,7 +1617,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False)
+                    out_mma=False, prep_fused=False, prep_lead=32, out_prefetch=False)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -1536,7 +1647,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
-                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"))
+                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
+                prep_fused=False, prep_lead=32, out_prefetch=True)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1703,6 +1815,8 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None,
+        prep_fused: bool | None = None, prep_lead: int | None = None,
+        out_prefetch: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1735,7 +1849,8 @@ class GDNReplayCache:
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
-                     out_mma=out_mma,
+                     out_mma=out_mma, prep_fused=prep_fused, prep_lead=prep_lead,
+                     out_prefetch=out_prefetch,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -1775,6 +1890,18 @@ class GDNReplayCache:
                              f"{' or '.join(_MMA_KINDS)}, got launch {self.launch!r}, "
                              f"copy {out_fmt!r}")
         self._mma = _MMA_KINDS[out_fmt] if self.out_mma else 0
+        self.prep_fused = bool(cfg["prep_fused"])
+        self.prep_lead = int(cfg["prep_lead"])
+        self.out_prefetch = bool(cfg["out_prefetch"])
+        if self.prep_fused and self.launch != "staged":
+            raise ValueError(f"prep_fused needs the staged launch, got {self.launch!r}")
+        if self.prep_lead < 1:
+            raise ValueError(f"prep_lead must be >= 1, got {self.prep_lead}")
+        self._flags = None
+        self._order = (torch.full((1,), 1 << 32, dtype=torch.int64, device=device)
+                       if self.prep_fused else None)
+        """The fused prep-output launch's ticket word (launch count above, tickets taken
+        below; the count starts at 1, so zeroed flags never match it)."""
         if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
@@ -1968,11 +2095,16 @@ class GDNReplayCache:
         launch leaves the clocks alone, and a one-program launch on the flush's stream,
         behind the flush launch and an event recorded after the prep launch, advances
         them (:func:`clocks.advance_clocks_kernel`)."""
+        if self.prep_fused:
+            first = lambda: self._prep_out_launch(q, k, v, a, b, A_log, dt_bias,  # noqa: E731
+                                                  state_indices, out)
+            rest = lambda: None  # noqa: E731
+        else:
+            first = lambda: self._prep_launch(q, k, a, b, A_log, dt_bias,  # noqa: E731
+                                              state_indices, concurrent=True)
+            rest = lambda: self._out_launch(v, state_indices, out)  # noqa: E731
         self._flush_stream.step(
-            q.device,
-            lambda: self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices,
-                                      concurrent=True),
-            lambda: self._out_launch(v, state_indices, out),
+            q.device, first, rest,
             lambda: self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices,
                                 out, commit=False),
             lambda: self._advance_clocks(state_indices))
@@ -1987,9 +2119,39 @@ class GDNReplayCache:
 
     def _staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out,
                 concurrent: bool = False) -> None:
-        """The staged output step: the prep launch, then the output launch."""
+        """The staged output step: the prep launch, then the output launch (or both as
+        one launch, ``prep_fused``, then the clock advance)."""
+        if self.prep_fused:
+            self._prep_out_launch(q, k, v, a, b, A_log, dt_bias, state_indices, out)
+            self._advance_clocks(state_indices)
+            return
         self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent)
         self._out_launch(v, state_indices, out)
+
+    def _prep_out_launch(self, q, k, v, a, b, A_log, dt_bias, state_indices, out) -> None:
+        """The prep and output launches as one (:func:`_prep_out_kernel`); it leaves the
+        clocks alone."""
+        B = q.shape[0]
+        if self._scratch[0].shape[0] < B:
+            self._scratch = self._staged_scratch(B, q.device)
+        if self._flags is None or self._flags.numel() < B * self.HK:
+            self._flags = torch.zeros(B * self.HK, dtype=torch.int32, device=q.device)
+        pqk, pco, pn = self._scratch
+        if self._mma == 1:
+            pqk = pqk.view(torch.float16)
+        r = self.read if self.read is not None else self.ckpt
+        bv, tpp = self.out_BV, self.out_TPP
+        npo = self.HV * (self.V // bv) // tpp
+        self.compiled["prep_out"] = _prep_out_kernel[(B * (self.HK + npo),)](
+            q, k, v, a, b, A_log, dt_bias, state_indices, out, *r.kernel_args(), self.ring_k,
+            self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
+            self.counters.tickets, pqk, pco, pn, self._order, self._flags, B, self.prep_lead,
+            self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.L, self.R, self.RP,
+            self.CW, _pow2_at_least(self.HV // self.HK, 1), r.fmt_id, self.ring_id, self._mma,
+            self.out_prefetch and compiled_on(q.device), compiled_on(q.device),
+            num_warps=self.out_num_warps,
+            maxnreg=self.out_maxnreg,
+        )
 
     def _prep_launch(self, q, k, a, b, A_log, dt_bias, state_indices,
                      concurrent: bool = False) -> None:
