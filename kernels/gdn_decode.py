@@ -855,9 +855,19 @@ def _prep_group(
 
 
 @triton.jit
+def _load_l2(ptrs, L2: tl.constexpr):
+    """``tl.load(ptrs)``; from L2 (``.cg``) where L2."""
+    if L2:
+        x = tl.load(ptrs, cache_modifier=".cg")
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
 def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.constexpr,
                  RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None,
-                 CG: tl.constexpr = ""):
+                 CG: tl.constexpr = False):
     """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
     codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
     ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
@@ -866,15 +876,15 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
     instead of ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core
     product (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_word_dot`), an fp32
     tile's two tf32 ones (its tf32 head and remainder), the ring's part one more
-    (``RING``: the ring dtype, exact in tf32 unless fp32).  CG: the loads' cache
-    modifier (".cg" where the coefficients were written in the same launch)."""
+    (``RING``: the ring dtype, exact in tf32 unless fp32).  CG: the coefficients from L2
+    (written in the same launch)."""
     offs_r = tl.arange(0, RP)
-    ck = tl.load(cb + offs_r, cache_modifier=CG)
-    cq = tl.load(cb + RP + offs_r, cache_modifier=CG)
-    eG = tl.load(cb + 2 * RP, cache_modifier=CG)
-    alpha = tl.load(cb + 2 * RP + 1, cache_modifier=CG)
-    beta = tl.load(cb + 2 * RP + 2, cache_modifier=CG)
-    kqs = tl.load(cb + 2 * RP + 3, cache_modifier=CG)
+    ck = _load_l2(cb + offs_r, CG)
+    cq = _load_l2(cb + RP + offs_r, CG)
+    eG = _load_l2(cb + 2 * RP, CG)
+    alpha = _load_l2(cb + 2 * RP + 1, CG)
+    beta = _load_l2(cb + 2 * RP + 2, CG)
+    kqs = _load_l2(cb + 2 * RP + 3, CG)
     if KQ is None:
         Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
         Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
@@ -951,7 +961,7 @@ def _out_tiles(
         offs_r = tl.arange(0, RP)
         offs_k = tl.arange(0, K)
         valid = offs_r < n
-        CG: tl.constexpr = "" if flag is None else ".cg"
+        CG: tl.constexpr = flag is not None
         ready = True
         if flag is not None:
             if PFO:
@@ -970,15 +980,17 @@ def _out_tiles(
             rows_kq = offs_k
             if FMT == K_NVFP4:  # the element order of the decoded words
                 rows_kq = nvfp4_word_order(offs_k)
-            KQ = tl.load(pqk + (bidx * HK + hk) * (4 * K) + offs_c[None, :] * K
-                         + rows_kq[:, None], mask=(offs_c < 4)[None, :], other=0.0,
-                         cache_modifier=CG)
+            kq_ptrs = pqk + (bidx * HK + hk) * (4 * K) + offs_c[None, :] * K + rows_kq[:, None]
+            if CG:
+                KQ = tl.load(kq_ptrs, mask=(offs_c < 4)[None, :], other=0.0, cache_modifier=".cg")
+            else:
+                KQ = tl.load(kq_ptrs, mask=(offs_c < 4)[None, :], other=0.0)
             q = 0.0
             k = 0.0
         else:
             qb = pqk + (bidx * HK + hk) * (2 * K)
-            q = tl.load(qb + offs_k, cache_modifier=CG)
-            k = tl.load(qb + K + offs_k, cache_modifier=CG)
+            q = _load_l2(qb + offs_k, CG)
+            k = _load_l2(qb + K + offs_k, CG)
             KQ = None
         pos = rbase + n
         for i in tl.range(0, TPP, num_stages=NS):
@@ -1001,62 +1013,49 @@ def _out_tiles(
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
 
 
-@triton.jit(do_not_specialize=["B", "lead"])
+@triton.jit
 def _prep_out_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out, r_data, r_s1, r_s2,
-    ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, order, flags, B,
-    lead,
+    ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, order, flags,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     TPP: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     CW: tl.constexpr, GP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
     MMA: tl.constexpr, PFO: tl.constexpr, SPIN: tl.constexpr,
 ):
-    """The staged output step as one launch: ``B * HK`` prep programs
-    (:func:`_prep_group`) and ``B * NPO`` output programs (:func:`_out_tiles`,
-    ``NPO = HV * (V // BV) // TPP`` per row) on a 1-D grid.  A program's role comes
-    from a ticket (``order``: one int64, the launch count in its high half and the
-    tickets taken in its low half; the program that takes the launch's last ticket
-    clears the low half and counts the launch), not from its program id: the preps
-    of the first ``lead`` rows, then per row r its output programs followed by the
-    preps of row ``r + lead``.  An output program reads its row's clock itself
-    (nothing advances it here: the host advances it after the launch), returns where
-    the row flushes or has no slot, and otherwise waits until its k-head group's prep
-    has set the group's word in ``flags`` to this launch's count.  A prep's ticket
+    """The staged output step as one launch: per batch row, ``HK`` prep programs
+    (:func:`_prep_group`) and ``NPO = HV * (V // BV) // TPP`` output programs
+    (:func:`_out_tiles`), the row's ``HK + NPO`` programs side by side on a 1-D grid.  A
+    program's role comes from a ticket of its row (``order[row]``: one int64, the row's
+    launch count in its high half and the tickets taken in its low half; the program
+    that takes the last ticket clears the low half and counts the launch), not from its
+    program id: the first HK tickets prepare.  An output program reads its row's clock
+    itself (nothing advances it here: the host advances it after the launch), returns
+    where the row flushes or has no slot, and otherwise waits until its k-head group's
+    prep has set the group's word in ``flags`` to the launch count.  A prep's ticket
     precedes those of the output programs that wait on it, and a program holds its
     ticket only once it runs, so every awaited prep runs and waits on nothing: no
     launch order or residency is assumed."""
     NPO: tl.constexpr = HV * (V // BV) // TPP
-    t = tl.atomic_add(order, 1, sem="relaxed")
+    PER: tl.constexpr = HK + NPO
+    row = tl.program_id(0) // PER
+    t = tl.atomic_add(order + row, 1, sem="relaxed")
     gen = (t >> 32).to(tl.int32)
     i = (t & 0xFFFFFFFF).to(tl.int32)
-    total = B * (HK + NPO)
-    if i == total - 1:  # every other program has its ticket: count the launch
-        tl.atomic_add(order, (1 << 32) - total.to(tl.int64), sem="relaxed")
-    a = tl.minimum(lead, B)
-    head = a * HK  # the first rows' preps
-    per = NPO + HK  # then per row: its output programs, the prep of the row lead ahead
-    r = i - head
-    paired = (B - a) * per
-    j = r // per
-    off = r % per
-    is_prep = (i < head) | ((r < paired) & (off >= NPO))
-    prow = tl.where(i < head, i // HK, j + a)
-    phk = tl.where(i < head, i % HK, off - NPO)
-    orow = tl.where(r < paired, j, (B - a) + (r - paired) // NPO)
-    opid = tl.where(r < paired, off, (r - paired) % NPO)
-    if is_prep:
-        _prep_group(phk, prow, q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k,
+    if i == PER - 1:  # every other program of the row has its ticket: count the launch
+        tl.atomic_add(order + row, (1 << 32) - PER, sem="relaxed")
+    if i < HK:
+        _prep_group(i, row, q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k,
                     ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, HK, HV, K, L, R, RP, CW, GP,
                     RING, False, True, MMA)
         tl.debug_barrier()  # every warp's stores are in
-        tl.atomic_xchg(flags + prow * HK + phk, gen, sem="release")
+        tl.atomic_xchg(flags + row * HK + i, gen, sem="release")
     else:
-        slot = tl.load(state_idx + orow)
+        slot = tl.load(state_idx + row)
         live = slot >= 0
         clock = tl.load(tickets + tl.maximum(slot, 0), mask=live, other=0, cache_modifier=".cg")
         n = (clock // HK) % L
         n = tl.where(live & (n != L - 1), n, -1)
-        _out_tiles(opid, orow, slot, n, v_ptr, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco,
+        _out_tiles(i - HK, row, slot, n, v_ptr, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco,
                    HK, HV, K, V, BV, TPP, NS, R, RP, CW, FMT, RING, MMA, flags, gen, PFO, SPIN)
 
 
@@ -1617,7 +1616,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, prep_fused=False, prep_lead=32, out_prefetch=False)
+                    out_mma=False, prep_fused=False, out_prefetch=False)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -1648,7 +1647,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                prep_fused=False, prep_lead=32, out_prefetch=True)
+                prep_fused=False, out_prefetch=True)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1815,8 +1814,7 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None,
-        prep_fused: bool | None = None, prep_lead: int | None = None,
-        out_prefetch: bool | None = None,
+        prep_fused: bool | None = None, out_prefetch: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1849,8 +1847,7 @@ class GDNReplayCache:
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
-                     out_mma=out_mma, prep_fused=prep_fused, prep_lead=prep_lead,
-                     out_prefetch=out_prefetch,
+                     out_mma=out_mma, prep_fused=prep_fused, out_prefetch=out_prefetch,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -1891,17 +1888,11 @@ class GDNReplayCache:
                              f"copy {out_fmt!r}")
         self._mma = _MMA_KINDS[out_fmt] if self.out_mma else 0
         self.prep_fused = bool(cfg["prep_fused"])
-        self.prep_lead = int(cfg["prep_lead"])
         self.out_prefetch = bool(cfg["out_prefetch"])
         if self.prep_fused and self.launch != "staged":
             raise ValueError(f"prep_fused needs the staged launch, got {self.launch!r}")
-        if self.prep_lead < 1:
-            raise ValueError(f"prep_lead must be >= 1, got {self.prep_lead}")
         self._flags = None
-        self._order = (torch.full((1,), 1 << 32, dtype=torch.int64, device=device)
-                       if self.prep_fused else None)
-        """The fused prep-output launch's ticket word (launch count above, tickets taken
-        below; the count starts at 1, so zeroed flags never match it)."""
+        self._order = None
         if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
@@ -2135,6 +2126,9 @@ class GDNReplayCache:
         if self._scratch[0].shape[0] < B:
             self._scratch = self._staged_scratch(B, q.device)
         if self._flags is None or self._flags.numel() < B * self.HK:
+            # per row: a ticket word (launch count above, tickets taken below; the count
+            # starts at 1, so zeroed flags never match it) and a flag per k-head group
+            self._order = torch.full((B,), 1 << 32, dtype=torch.int64, device=q.device)
             self._flags = torch.zeros(B * self.HK, dtype=torch.int32, device=q.device)
         pqk, pco, pn = self._scratch
         if self._mma == 1:
@@ -2145,7 +2139,7 @@ class GDNReplayCache:
         self.compiled["prep_out"] = _prep_out_kernel[(B * (self.HK + npo),)](
             q, k, v, a, b, A_log, dt_bias, state_indices, out, *r.kernel_args(), self.ring_k,
             self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
-            self.counters.tickets, pqk, pco, pn, self._order, self._flags, B, self.prep_lead,
+            self.counters.tickets, pqk, pco, pn, self._order, self._flags,
             self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.L, self.R, self.RP,
             self.CW, _pow2_at_least(self.HV // self.HK, 1), r.fmt_id, self.ring_id, self._mma,
             self.out_prefetch and compiled_on(q.device), compiled_on(q.device),

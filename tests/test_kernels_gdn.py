@@ -573,28 +573,27 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
 
 
 PREP_FUSED = [
-    # fp32 tiles of 16 rows, one per program; the preps of one row ahead, or of all rows
-    # first
-    ("fp32", None, dict(out_block_v=16), 1),
-    ("fp32", None, dict(out_block_v=16), 64),
+    # fp32 tiles of 16 rows, one per program
+    ("fp32", None, dict(out_block_v=16)),
     # an fp8 copy's tiles by tensor-core products, two per program (2-stage pipeline)
     ("fp32", "fp8-e4m3", dict(out_block_v=16, out_tiles_per_program=2, out_stages=2,
-                              out_mma=True), 2),
+                              out_mma=True)),
     # an nvfp4 copy's word-decoded tiles, four per program
     ("fp16-sr", "nvfp4", dict(out_block_v=16, out_tiles_per_program=4, out_stages=2,
-                              out_mma=True), 1),
+                              out_mma=True)),
 ]
 
 
-@pytest.mark.parametrize("ck,rd,cfg,lead", PREP_FUSED,
-                         ids=lambda x: x if isinstance(x, str) else None)
-def test_prep_fused_equals_two_launches(ck, rd, cfg, lead) -> None:
+@pytest.mark.parametrize("ck,rd,cfg", PREP_FUSED, ids=["fp32", "fp8-mma", "nvfp4-mma"])
+def test_prep_fused_equals_two_launches(ck, rd, cfg) -> None:
     """The staged output step as one launch (``prep_fused``: prep and output programs
     take their roles from a ticket; output programs read the clock themselves and wait
     for their group's prep) writes the bits of the prep launch followed by the output
     launch, over two windows with rows at different ring positions (flushes and
     outputs in the same steps) and a padding row; the ticket word counts the launches
-    and is left with no tickets taken."""
+    and is left with no tickets taken.  Bits compare where the row sums are tensor-core
+    products; compiled fp32 row sums may contract differently in the two kernels, so
+    those runs compare to 1e-6 relative."""
     B, L = 4, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
     idx = torch.tensor([2, 0, -1, 3], dtype=torch.int32, device=DEV)
@@ -602,7 +601,7 @@ def test_prep_fused_equals_two_launches(ck, rd, cfg, lead) -> None:
     for fused in (False, True):
         cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ck, read=rd, device=DEV,
                                launch="staged", concurrent_flush=False, prep_fused=fused,
-                               prep_lead=lead, **cfg)
+                               **cfg)
         cache.reset(state0(B))
         stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
         outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx,
@@ -610,8 +609,12 @@ def test_prep_fused_equals_two_launches(ck, rd, cfg, lead) -> None:
         res.append(outs + cache.ckpt.tensors() + (cache.read.tensors() if rd else [])
                    + [cache.counters.tickets.clone(), cache.ring_d.clone()])
         if fused:
-            assert cache._order.item() == (1 + len(raws)) << 32
-    assert_runs_same_bits(res)
+            assert cache._order.tolist() == [(1 + len(raws)) << 32] * B
+    if DEVICE == "cuda" and not cfg.get("out_mma"):
+        for x, y in zip(*res, strict=True):
+            assert (x == y).all() if x.dtype != torch.float32 else rel(x, y) < 1e-6
+    else:
+        assert_runs_same_bits(res)
 
 
 # ---------------------------------------------------------------- GPU only
@@ -620,7 +623,7 @@ def test_prep_fused_equals_two_launches(ck, rd, cfg, lead) -> None:
     ("fp8-e4m3", {}),
     # the prep and output launches as one (output programs wait for their group's prep),
     # fp32 tiles and an fp8 copy's tensor-core tiles
-    (None, {"prep_fused": True, "prep_lead": 1}),
+    (None, {"prep_fused": True}),
     ("fp8-e4m3", {"prep_fused": True, "out_mma": True, "out_tiles_per_program": 2,
                   "out_stages": 2}),
 ], ids=["two-launches", "fused-fp32", "fused-fp8"])
@@ -657,10 +660,13 @@ def test_concurrent_flush_equals_sequential_in_a_graph(rd, cfg) -> None:
             outs.append(out.clone())
         res[conc] = (outs, cache.ckpt.codes.clone(),
                      (cache.read or cache.ckpt).codes.clone(), cache.counters.tickets.clone())
+    # compiled fp32 row sums may contract differently in the one-launch kernel
+    exact = not cfg.get("prep_fused") or cfg.get("out_mma")
     for x, y in zip(res[False][0], res[True][0], strict=True):
-        assert torch.equal(x, y)
+        assert torch.equal(x, y) if exact else rel(x, y) < 1e-6
     for i in (1, 2, 3):
-        assert torch.equal(res[False][i], res[True][i])
+        x, y = res[False][i], res[True][i]
+        assert torch.equal(x, y) if exact or i == 3 else rel(x, y) < 1e-6
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="L2 prefetch is compiled code only")
