@@ -764,22 +764,7 @@ def _prep_kernel(
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
     EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
 ):
-    """Staged launch, first of the output step: one program per (k-head, batch row)
-    (:func:`_prep_group`)."""
-    _prep_group(tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias,
-                state_idx, ring_k, ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, HK, HV, K, L,
-                R, RP, CW, GP, RING, EAGER, CONC, MMA)
-
-
-@triton.jit
-def _prep_group(
-    hk, bidx, q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k, ring_g, ring_b,
-    ring_kk, tickets, pqk, pco, pn,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
-    RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
-    EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
-):
-    """The output step's preparation for k-head ``hk`` of batch row ``bidx``.
+    """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
     and computes the ring products ``k_i . k``, ``k_i . q`` once per k-head; for the
     group's value heads (a ``(GP, RP)`` tile, one row per head) the gates, the decay
@@ -797,6 +782,8 @@ def _prep_group(
     as two parts each (rows k hi, k lo, q hi, q lo): MMA 1 (fp8, nvfp4 copies) float16
     :func:`tl_dots.split_f16` parts, MMA 2 (fp32) float32 tf32 heads and remainders;
     MMA 0 their float32 values (q, k)."""
+    hk = tl.program_id(0)
+    bidx = tl.program_id(1)
     GRP: tl.constexpr = HV // HK
     offs_k = tl.arange(0, K)
     offs_r = tl.arange(0, RP)
@@ -855,19 +842,8 @@ def _prep_group(
 
 
 @triton.jit
-def _load_l2(ptrs, L2: tl.constexpr):
-    """``tl.load(ptrs)``; from L2 (``.cg``) where L2."""
-    if L2:
-        x = tl.load(ptrs, cache_modifier=".cg")
-    else:
-        x = tl.load(ptrs)
-    return x
-
-
-@triton.jit
 def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.constexpr,
-                 RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None,
-                 CG: tl.constexpr = False):
+                 RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr = 0, KQ=None):
     """Output ``o`` and delta ``d`` of a tile's rows (staged launch) from its stored
     codes, the ring's d rows ``Dr`` (RP, BV) and the prep launch's coefficients at
     ``cb``: ring weights for ``S k`` and ``S q`` (RP each), the decay, alpha, beta and
@@ -876,15 +852,14 @@ def _staged_rows(codes, sc, s2v, k, q, Dr, cb, v, K: tl.constexpr, BV: tl.conste
     instead of ``k``, ``q``: an fp8 or nvfp4 tile's row sums are one fp16 tensor-core
     product (:func:`tl_dots.fp8_tile_dot`, :func:`tl_dots.nvfp4_word_dot`), an fp32
     tile's two tf32 ones (its tf32 head and remainder), the ring's part one more
-    (``RING``: the ring dtype, exact in tf32 unless fp32).  CG: the coefficients from L2
-    (written in the same launch)."""
+    (``RING``: the ring dtype, exact in tf32 unless fp32)."""
     offs_r = tl.arange(0, RP)
-    ck = _load_l2(cb + offs_r, CG)
-    cq = _load_l2(cb + RP + offs_r, CG)
-    eG = _load_l2(cb + 2 * RP, CG)
-    alpha = _load_l2(cb + 2 * RP + 1, CG)
-    beta = _load_l2(cb + 2 * RP + 2, CG)
-    kqs = _load_l2(cb + 2 * RP + 3, CG)
+    ck = tl.load(cb + offs_r)
+    cq = tl.load(cb + RP + offs_r)
+    eG = tl.load(cb + 2 * RP)
+    alpha = tl.load(cb + 2 * RP + 1)
+    beta = tl.load(cb + 2 * RP + 2)
+    kqs = tl.load(cb + 2 * RP + 3)
     if KQ is None:
         Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
         Sk = eG * Sk0 + tl.sum(Dr * ck[:, None], axis=0)
@@ -917,80 +892,43 @@ def _out_kernel(
     FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0,
 ):
     """Staged launch, second of the output step.  Grid ``(HV * (V // BV) // TPP, B)``:
-    TPP tiles of BV rows (one k-head group) of the stored copy (:func:`_out_tiles`).
-    Everything a tile needs besides its rows of the copy and of the ring's d comes
-    from the prep launch (``pqk``: q, k; ``pco``: the head's ring coefficients and
-    scalars; ``pn``: the ring position), so every load is issued once the slot index
-    and the position (two independent loads) are back, and no program reduces over the
-    ring's k.  Rows with ``pn < 0`` (flushing or padding) return after that load: at a
-    flush step of the whole batch the launch costs next to nothing (a masked body took
-    65-85 us on an H200)."""
+    TPP tiles of BV rows (one k-head group) of the stored copy.  Everything a tile
+    needs besides its rows of the copy and of the ring's d comes from the prep
+    launch (``pqk``: q, k; ``pco``: the head's ring coefficients and scalars;
+    ``pn``: the ring position), so every load is issued once the slot index and the
+    position (two independent loads) are back, and no program reduces over the
+    ring's k.  Stores o and appends d, v at ring position n.  Rows with ``pn < 0``
+    (flushing or padding) return after that load: at a flush step of the whole batch
+    the launch costs next to nothing (a masked body took 65-85 us on an H200).  MMA
+    (fp8, nvfp4 or fp32 copies): a tile's row sums are tensor-core products with the split k
+    and q the prep launch left in ``pqk`` (:func:`_staged_rows`)."""
+    pid = tl.program_id(0)
     bidx = tl.program_id(1)
-    slot = tl.load(state_idx + bidx)
-    n = tl.load(pn + bidx)
-    _out_tiles(tl.program_id(0), bidx, slot, n, v_ptr, out, r_data, r_s1, r_s2, ring_v, ring_d,
-               pqk, pco, HK, HV, K, V, BV, TPP, NS, R, RP, CW, FMT, RING, MMA)
-
-
-@triton.jit
-def _out_tiles(
-    pid, bidx, slot, n, v_ptr, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    TPP: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
-    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0, flag=None, gen=0,
-    PFO: tl.constexpr = False, SPIN: tl.constexpr = True,
-):
-    """The output tiles of program ``pid`` of batch row ``bidx`` (slot ``slot``, ring
-    position ``n``; nothing where ``n < 0``): TPP tiles of BV rows (one k-head group)
-    of the stored copy.  Stores o and appends d, v at ring position n.  MMA (fp8,
-    nvfp4 or fp32 copies): a tile's row sums are tensor-core products with the split
-    k and q the prep left in ``pqk`` (:func:`_staged_rows`).  ``flag`` (the prep and
-    output launch in one, :func:`_prep_out_kernel`): the program waits until the
-    group's prep has published ``gen`` there (acquire) before it reads ``pqk`` and
-    ``pco`` (from L2); PFO (compiled code only): it first asks L2 for its tiles.  Without
-    SPIN it looks once (the Triton interpreter runs the programs one after another, in
-    ticket order, so a prep that has not published is a bug: its outputs are NaN
-    instead of a hang)."""
     NVB: tl.constexpr = V // BV
     GRP: tl.constexpr = HV // HK
     tau0 = pid * TPP
     hk = tau0 // (GRP * NVB)
-    if n >= 0:  # (n < 0 where the slot is missing too)
+    slot = tl.load(state_idx + bidx)
+    n = tl.load(pn + bidx)
+    if n >= 0:  # (pn < 0 where the slot is missing too)
         slot64 = tl.maximum(slot, 0).to(tl.int64)
         rbase = slot64 * R
         offs_r = tl.arange(0, RP)
         offs_k = tl.arange(0, K)
         valid = offs_r < n
-        CG: tl.constexpr = flag is not None
-        ready = True
-        if flag is not None:
-            if PFO:
-                for i in tl.static_range(TPP):
-                    l2_prefetch_rows(r_data, slot64 * HV + (tau0 + i) // NVB,
-                                     ((tau0 + i) % NVB) * BV, V, BV, FMT, K)
-            fp = flag + bidx * HK + hk
-            f = tl.atomic_add(fp, 0, sem="acquire")
-            if SPIN:
-                while f != gen:
-                    f = tl.atomic_add(fp, 0, sem="acquire")
-            else:
-                ready = f == gen
         if MMA != 0:
             offs_c = tl.arange(0, 16)
             rows_kq = offs_k
             if FMT == K_NVFP4:  # the element order of the decoded words
                 rows_kq = nvfp4_word_order(offs_k)
-            kq_ptrs = pqk + (bidx * HK + hk) * (4 * K) + offs_c[None, :] * K + rows_kq[:, None]
-            if CG:
-                KQ = tl.load(kq_ptrs, mask=(offs_c < 4)[None, :], other=0.0, cache_modifier=".cg")
-            else:
-                KQ = tl.load(kq_ptrs, mask=(offs_c < 4)[None, :], other=0.0)
+            KQ = tl.load(pqk + (bidx * HK + hk) * (4 * K) + offs_c[None, :] * K
+                         + rows_kq[:, None], mask=(offs_c < 4)[None, :], other=0.0)
             q = 0.0
             k = 0.0
         else:
             qb = pqk + (bidx * HK + hk) * (2 * K)
-            q = _load_l2(qb + offs_k, CG)
-            k = _load_l2(qb + K + offs_k, CG)
+            q = tl.load(qb + offs_k)
+            k = tl.load(qb + K + offs_k)
             KQ = None
         pos = rbase + n
         for i in tl.range(0, TPP, num_stages=NS):
@@ -1005,58 +943,10 @@ def _out_tiles(
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
                                    other=0.0).to(tl.float32), RING)
             o, d = _staged_rows(codes, sc, s2v, k, q, Dr, pco + (bidx * HV + h) * CW, v, K,
-                                BV, RP, FMT, RING, KQ, CG)
-            if not SPIN:
-                o = tl.where(ready, o, float("nan"))
+                                BV, RP, FMT, RING, KQ)
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
-
-
-@triton.jit
-def _prep_out_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, out, r_data, r_s1, r_s2,
-    ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, order, flags,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    TPP: tl.constexpr, NS: tl.constexpr, L: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    CW: tl.constexpr, GP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
-    MMA: tl.constexpr, PFO: tl.constexpr, SPIN: tl.constexpr,
-):
-    """The staged output step as one launch: per batch row, ``HK`` prep programs
-    (:func:`_prep_group`) and ``NPO = HV * (V // BV) // TPP`` output programs
-    (:func:`_out_tiles`), the row's ``HK + NPO`` programs side by side on a 1-D grid.  A
-    program's role comes from a ticket of its row (``order[row]``: one int64, the row's
-    launch count in its high half and the tickets taken in its low half; the program
-    that takes the last ticket clears the low half and counts the launch), not from its
-    program id: the first HK tickets prepare.  An output program reads its row's clock
-    itself (nothing advances it here: the host advances it after the launch), returns
-    where the row flushes or has no slot, and otherwise waits until its k-head group's
-    prep has set the group's word in ``flags`` to the launch count.  A prep's ticket
-    precedes those of the output programs that wait on it, and a program holds its
-    ticket only once it runs, so every awaited prep runs and waits on nothing: no
-    launch order or residency is assumed."""
-    NPO: tl.constexpr = HV * (V // BV) // TPP
-    PER: tl.constexpr = HK + NPO
-    row = tl.program_id(0) // PER
-    t = tl.atomic_add(order + row, 1, sem="relaxed")
-    gen = (t >> 32).to(tl.int32)
-    i = (t & 0xFFFFFFFF).to(tl.int32)
-    if i == PER - 1:  # every other program of the row has its ticket: count the launch
-        tl.atomic_add(order + row, (1 << 32) - PER, sem="relaxed")
-    if i < HK:
-        _prep_group(i, row, q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k,
-                    ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, HK, HV, K, L, R, RP, CW, GP,
-                    RING, False, True, MMA)
-        tl.debug_barrier()  # every warp's stores are in
-        tl.atomic_xchg(flags + row * HK + i, gen, sem="release")
-    else:
-        slot = tl.load(state_idx + row)
-        live = slot >= 0
-        clock = tl.load(tickets + tl.maximum(slot, 0), mask=live, other=0, cache_modifier=".cg")
-        n = (clock // HK) % L
-        n = tl.where(live & (n != L - 1), n, -1)
-        _out_tiles(i - HK, row, slot, n, v_ptr, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco,
-                   HK, HV, K, V, BV, TPP, NS, R, RP, CW, FMT, RING, MMA, flags, gen, PFO, SPIN)
 
 
 @triton.jit
@@ -1616,7 +1506,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, prep_fused=False, out_prefetch=False)
+                    out_mma=False)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -1646,8 +1536,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
-                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                prep_fused=False, out_prefetch=True)
+                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"))
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -1814,7 +1703,6 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None,
-        prep_fused: bool | None = None, out_prefetch: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -1847,7 +1735,7 @@ class GDNReplayCache:
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
-                     out_mma=out_mma, prep_fused=prep_fused, out_prefetch=out_prefetch,
+                     out_mma=out_mma,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -1887,12 +1775,6 @@ class GDNReplayCache:
                              f"{' or '.join(_MMA_KINDS)}, got launch {self.launch!r}, "
                              f"copy {out_fmt!r}")
         self._mma = _MMA_KINDS[out_fmt] if self.out_mma else 0
-        self.prep_fused = bool(cfg["prep_fused"])
-        self.out_prefetch = bool(cfg["out_prefetch"])
-        if self.prep_fused and self.launch != "staged":
-            raise ValueError(f"prep_fused needs the staged launch, got {self.launch!r}")
-        self._flags = None
-        self._order = None
         if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
@@ -2086,16 +1968,11 @@ class GDNReplayCache:
         launch leaves the clocks alone, and a one-program launch on the flush's stream,
         behind the flush launch and an event recorded after the prep launch, advances
         them (:func:`clocks.advance_clocks_kernel`)."""
-        if self.prep_fused:
-            first = lambda: self._prep_out_launch(q, k, v, a, b, A_log, dt_bias,  # noqa: E731
-                                                  state_indices, out)
-            rest = lambda: None  # noqa: E731
-        else:
-            first = lambda: self._prep_launch(q, k, a, b, A_log, dt_bias,  # noqa: E731
-                                              state_indices, concurrent=True)
-            rest = lambda: self._out_launch(v, state_indices, out)  # noqa: E731
         self._flush_stream.step(
-            q.device, first, rest,
+            q.device,
+            lambda: self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices,
+                                      concurrent=True),
+            lambda: self._out_launch(v, state_indices, out),
             lambda: self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices,
                                 out, commit=False),
             lambda: self._advance_clocks(state_indices))
@@ -2110,42 +1987,9 @@ class GDNReplayCache:
 
     def _staged(self, q, k, v, a, b, A_log, dt_bias, state_indices, out,
                 concurrent: bool = False) -> None:
-        """The staged output step: the prep launch, then the output launch (or both as
-        one launch, ``prep_fused``, then the clock advance)."""
-        if self.prep_fused:
-            self._prep_out_launch(q, k, v, a, b, A_log, dt_bias, state_indices, out)
-            self._advance_clocks(state_indices)
-            return
+        """The staged output step: the prep launch, then the output launch."""
         self._prep_launch(q, k, a, b, A_log, dt_bias, state_indices, concurrent)
         self._out_launch(v, state_indices, out)
-
-    def _prep_out_launch(self, q, k, v, a, b, A_log, dt_bias, state_indices, out) -> None:
-        """The prep and output launches as one (:func:`_prep_out_kernel`); it leaves the
-        clocks alone."""
-        B = q.shape[0]
-        if self._scratch[0].shape[0] < B:
-            self._scratch = self._staged_scratch(B, q.device)
-        if self._flags is None or self._flags.numel() < B * self.HK:
-            # per row: a ticket word (launch count above, tickets taken below; the count
-            # starts at 1, so zeroed flags never match it) and a flag per k-head group
-            self._order = torch.full((B,), 1 << 32, dtype=torch.int64, device=q.device)
-            self._flags = torch.zeros(B * self.HK, dtype=torch.int32, device=q.device)
-        pqk, pco, pn = self._scratch
-        if self._mma == 1:
-            pqk = pqk.view(torch.float16)
-        r = self.read if self.read is not None else self.ckpt
-        bv, tpp = self.out_BV, self.out_TPP
-        npo = self.HV * (self.V // bv) // tpp
-        self.compiled["prep_out"] = _prep_out_kernel[(B * (self.HK + npo),)](
-            q, k, v, a, b, A_log, dt_bias, state_indices, out, *r.kernel_args(), self.ring_k,
-            self.ring_v, self.ring_d, self.ring_g, self.ring_beta, self.ring_kk,
-            self.counters.tickets, pqk, pco, pn, self._order, self._flags,
-            self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.L, self.R, self.RP,
-            self.CW, _pow2_at_least(self.HV // self.HK, 1), r.fmt_id, self.ring_id, self._mma,
-            self.out_prefetch and compiled_on(q.device), compiled_on(q.device),
-            num_warps=self.out_num_warps,
-            maxnreg=self.out_maxnreg,
-        )
 
     def _prep_launch(self, q, k, a, b, A_log, dt_bias, state_indices,
                      concurrent: bool = False) -> None:

@@ -572,101 +572,36 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     assert advanced.tolist() == [len(raws) * HK, len(raws) * HK, 0, len(raws) * HK]
 
 
-PREP_FUSED = [
-    # fp32 tiles of 16 rows, one per program
-    ("fp32", None, dict(out_block_v=16)),
-    # an fp8 copy's tiles by tensor-core products, two per program (2-stage pipeline)
-    ("fp32", "fp8-e4m3", dict(out_block_v=16, out_tiles_per_program=2, out_stages=2,
-                              out_mma=True)),
-    # an nvfp4 copy's word-decoded tiles, four per program
-    ("fp16-sr", "nvfp4", dict(out_block_v=16, out_tiles_per_program=4, out_stages=2,
-                              out_mma=True)),
-]
-
-
-@pytest.mark.parametrize("ck,rd,cfg", PREP_FUSED, ids=["fp32", "fp8-mma", "nvfp4-mma"])
-def test_prep_fused_equals_two_launches(ck, rd, cfg) -> None:
-    """The staged output step as one launch (``prep_fused``: prep and output programs
-    take their roles from a ticket; output programs read the clock themselves and wait
-    for their group's prep) writes the bits of the prep launch followed by the output
-    launch, over two windows with rows at different ring positions (flushes and
-    outputs in the same steps) and a padding row; the ticket word counts the launches
-    and is left with no tickets taken.  Bits compare where the row sums are tensor-core
-    products; compiled fp32 row sums may contract differently in the two kernels, so
-    those runs compare to 1e-6 relative."""
-    B, L = 4, 3
-    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
-    idx = torch.tensor([2, 0, -1, 3], dtype=torch.int32, device=DEV)
-    res = []
-    for fused in (False, True):
-        cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ck, read=rd, device=DEV,
-                               launch="staged", concurrent_flush=False, prep_fused=fused,
-                               **cfg)
-        cache.reset(state0(B))
-        stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
-        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx,
-                           out=torch.zeros(B, HV, V, device=DEV)) for r in raws]
-        res.append(outs + cache.ckpt.tensors() + (cache.read.tensors() if rd else [])
-                   + [cache.counters.tickets.clone(), cache.ring_d.clone()])
-        if fused:
-            assert cache._order.tolist() == [(1 + len(raws)) << 32] * B
-    if DEVICE == "cuda" and not cfg.get("out_mma"):
-        for x, y in zip(*res, strict=True):
-            assert (x == y).all() if x.dtype != torch.float32 else rel(x, y) < 1e-6
-    else:
-        assert_runs_same_bits(res)
-
-
 # ---------------------------------------------------------------- GPU only
 @pytest.mark.skipif(DEVICE != "cuda", reason="streams and CUDA graphs need a GPU")
-@pytest.mark.parametrize("rd,cfg", [
-    ("fp8-e4m3", {}),
-    # the prep and output launches as one (output programs wait for their group's prep),
-    # fp32 tiles and an fp8 copy's tensor-core tiles
-    (None, {"prep_fused": True}),
-    ("fp8-e4m3", {"prep_fused": True, "out_mma": True, "out_tiles_per_program": 2,
-                  "out_stages": 2}),
-], ids=["two-launches", "fused-fp32", "fused-fp8"])
-def test_concurrent_flush_equals_sequential_in_a_graph(rd, cfg) -> None:
+def test_concurrent_flush_equals_sequential_in_a_graph() -> None:
     """The flush launch on its own stream (``concurrent_flush``), captured in a CUDA
-    graph, writes the same bits as the sequential staged step (two launches, no graph),
-    with rows at different ring positions so that flushes and outputs share steps."""
+    graph, writes the same bits as the sequential staged step, with rows at different
+    ring positions so that flushes and outputs share steps."""
     B, L = 4, 3
     kind, params, raws = setup(steps=1, batch=B, seed=6)
     idx = torch.arange(B, dtype=torch.int32, device=DEV)
     a = args(raws[0])
     res = {}
     for conc in (False, True):
-        cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint="fp32", read=rd,
-                               device=DEV, block_v=16, out_block_v=16, launch="staged",
-                               concurrent_flush=conc,
-                               **{n: x for n, x in cfg.items() if conc or n[:4] != "prep"})
-        cache.reset(state0(B))
-        stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
+        cache = _staggered_cache(B, L, launch="staged", concurrent_flush=conc)
         out = torch.empty(B, HV, V, device=DEV)
         cache.step(*a, params.A_log, params.dt_bias, idx, out=out)  # compile
-        if conc:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                cache.step(*a, params.A_log, params.dt_bias, idx, out=out)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            cache.step(*a, params.A_log, params.dt_bias, idx, out=out)
         cache.reset(state0(B))
         stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
         outs = []
         for _ in range(2 * L + 1):
-            if conc:
-                g.replay()
-            else:
-                cache.step(*a, params.A_log, params.dt_bias, idx, out=out)
+            g.replay()
             outs.append(out.clone())
-        res[conc] = (outs, cache.ckpt.codes.clone(),
-                     (cache.read or cache.ckpt).codes.clone(), cache.counters.tickets.clone())
-    # compiled fp32 row sums may contract differently in the one-launch kernel
-    exact = not cfg.get("prep_fused") or cfg.get("out_mma")
+        res[conc] = (outs, cache.ckpt.codes.clone(), cache.read.codes.clone(),
+                     cache.counters.tickets.clone())
     for x, y in zip(res[False][0], res[True][0], strict=True):
-        assert torch.equal(x, y) if exact else rel(x, y) < 1e-6
+        assert torch.equal(x, y)
     for i in (1, 2, 3):
-        x, y = res[False][i], res[True][i]
-        assert torch.equal(x, y) if exact or i == 3 else rel(x, y) < 1e-6
+        assert torch.equal(res[False][i], res[True][i])
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="L2 prefetch is compiled code only")
@@ -682,8 +617,7 @@ def test_flush_prefetch_changes_no_bit(ck, rd) -> None:
         cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ck, read=rd, device=DEV,
                                seed=2, launch="staged", flush_chunk=16, flush_prefetch=pf)
         cache.reset(state0(B))
-        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx,
-                           out=torch.zeros(B, HV, V, device=DEV)) for r in raws]
+        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
         res.append(outs + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
     assert_runs_same_bits(res)
 
@@ -723,8 +657,7 @@ def test_flush_tma_changes_no_bit(ck, rd) -> None:
                                seed=2, launch="staged", flush_chunk=16, flush_stages=stages,
                                flush_tma=tma, flush_ctas_per_sm=1)
         cache.reset(state0(B))
-        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx,
-                           out=torch.zeros(B, HV, V, device=DEV)) for r in raws]
+        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
         res.append(outs + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
     assert_runs_same_bits(res)
 
@@ -741,8 +674,7 @@ def test_hw_fp8_encoder_changes_no_bit() -> None:
         cache = GDNReplayCache(B, HK, HV, K, V, window=L, read="fp8-e4m3", device=DEV, seed=2,
                                launch="staged", hw_fp8=hw)
         cache.reset(state0(B))
-        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx,
-                           out=torch.zeros(B, HV, V, device=DEV)) for r in raws]
+        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
         res.append(outs + cache.ckpt.tensors() + cache.read.tensors())
     assert_runs_same_bits(res)
 
