@@ -12,7 +12,8 @@ import sys
 from precisionlab.kernels.testing import assert_runs_same_bits, kernel_device
 
 DEVICE = kernel_device()  # before the kernel modules are imported
-for _m in ("gdn_extra", "gdn_decode", "gdn_backend"):  # compiled-mode leftovers
+for _m in ("gdn_extra", "gdn_device", "gdn_flush", "gdn_step", "gdn_verify", "gdn_decode",
+           "gdn_backend"):  # compiled-mode leftovers
     if f"precisionlab.kernels.{_m}" in sys.modules:
         importlib.reload(sys.modules[f"precisionlab.kernels.{_m}"])
 
