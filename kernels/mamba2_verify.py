@@ -1,19 +1,23 @@
-"""Staged speculative verify for Mamba-2 (opt-in: ``mamba2_verify(...,
-verify_launch="staged" | "staged-dot")``): a prep launch, then an output launch that
-reads each state tile once for all ``T`` drafts.
+"""Staged speculative verify for Mamba-2 (``mamba2_verify(..., verify_launch="staged-dot")``,
+the default, or ``"staged"``): a flush launch (work only where drafts would overrun the
+window), a prep launch, then an output launch that reads each state tile once for all
+``T`` drafts.
 
 Torch reference: ``precisionlab.speculative.SpeculativeDecoder.verify`` (as the
 single-launch verify of ``mamba2_kernel``; same semantics, see ``mamba2_spec``).
 
-* **Prep launch** (:func:`m2_verify_prep_kernel`, grid ``(heads, batch)``): per
+* **Flush launch** (:func:`m2_verify_flush_kernel`, grid ``(heads, batch)``): per
   (row, head) the committed count ``c``; if ``c + T > L`` the head's committed
-  entries are folded into a new checkpoint and read copy first (the single
-  kernel's verify flush, one head per program) and the drafts go to the other
-  ring half.  Then, for every draft ``k``, the decay of the copy ``e^Lambda_k``
-  and one coefficient per ring entry ``W[k, i] = w_k(i) (B_i . C_k)`` (entries
-  before the draft and the draft itself) go to a small scratch ``(batch, heads, TB,
-  RB)``; the drafts' dt and (per group) B are appended to the ring; the row's
-  draft base ``c0 | half << 16`` goes to ``pos``.
+  entries are folded into a new checkpoint and read copy (the single kernel's verify
+  flush, one head per program) and the drafts go to the other ring half; the other
+  programs return at once.
+* **Prep launch** (:func:`m2_verify_prep_kernel`, grid ``(groups, batch)``): the
+  products ``B_i . C_k`` of the group's ring entries (committed, then the drafts)
+  with each draft's C, once per group; for all the group's heads at once the decay of
+  the copy ``e^Lambda_k`` and one coefficient per ring entry ``W[k, i] = w_k(i) (B_i .
+  C_k)`` (entries before the draft and the draft itself) to a small scratch ``(batch,
+  heads, TB, RB)``; the drafts' dt and (per group) B are appended to the ring; the
+  row's draft base ``c0 | half << 16`` goes to ``pos``.
 * **Output launch** (:func:`m2_verify_out_kernel`, grid ``(heads, batch)``): per
   tile ``[BLOCK_P, N]`` of the copy (a ``tl.range`` pipeline over the head's
   tiles) the tile is loaded and decoded once; each draft's output is
@@ -35,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .mamba2_kernel import fold_committed, head_consts
+from .mamba2_kernel import fold_committed
 from .mamba2_step import device_buffer
 from .tl_common import (
     K_RING_FP32,
@@ -52,52 +56,85 @@ from .tl_mamba2_fast import TWO63, row_dot
 
 
 @triton.jit(do_not_specialize=["seed_ck", "seed_rd"])
-def m2_verify_prep_kernel(
+def m2_verify_flush_kernel(
     ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr,
-    ring_x, ring_B, ring_dt, ring_len, steps, state_idx, pos, coef, eLs,
-    dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
-    seed_ck, seed_rd, s_dtb, s_dtt, s_Bb, s_Bt, s_Cb, s_Ct,
-    H, G, P, L, LR,
+    ring_x, ring_B, ring_dt, ring_len, steps, state_idx, A_ptr,
+    seed_ck, seed_rd, H, G, P, L, LR,
     N: tl.constexpr, FB: tl.constexpr, NQ: tl.constexpr, RB: tl.constexpr, T: tl.constexpr,
-    TB: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SPLIT: tl.constexpr,
-    RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SPLIT: tl.constexpr, RING: tl.constexpr,
     WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
 ):
+    """First launch of the staged verify, grid ``(heads, batch)``: where a row's
+    committed entries and its T drafts would overrun the window (``c + T > L``), fold
+    head h's committed entries into a new checkpoint and read copy (the single kernel's
+    verify flush, one head per program); every other program returns after two loads."""
     h = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
+    if slot >= 0:
+        rl = tl.load(ring_len + slot)
+        c = rl & 0xFFFF
+        if c + T > L:
+            half = rl >> 16
+            g = h // (H // G)
+            offs_n = tl.arange(0, N)
+            offs_r = tl.arange(0, RB)
+            HP = H * P
+            A_h = tl.load(A_ptr + h).to(tl.float32)
+            mat = slot.to(tl.int64) * H + h
+            t = tl.load(steps + slot)
+            win = slot.to(tl.int64) * LR + half * L
+            rx_h = ring_x + win * HP + h * P
+            rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N)
+                           + offs_n[None, :], (offs_r < c)[:, None], RING)
+            rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=offs_r < c, other=0.0)
+            last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
+            fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P, rx_h, HP,
+                           offs_r, c, last, w, rB, seed_ck, seed_rd, t - 1, CK_FMT, RD_FMT, FB,
+                           NQ, N, RING, SPLIT, NEED_AMAX, WRITE_FRESH)
+
+
+@triton.jit
+def m2_verify_prep_kernel(
+    ring_B, ring_dt, ring_len, state_idx, pos, coef, eLs,
+    dt_ptr, B_ptr, C_ptr, A_ptr, dtb_ptr,
+    s_dtb, s_dtt, s_Bb, s_Bt, s_Cb, s_Ct,
+    H, G, L, LR,
+    N: tl.constexpr, RB: tl.constexpr, T: tl.constexpr, TB: tl.constexpr,
+    HG: tl.constexpr, RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+):
+    """Second launch of the staged verify, grid ``(groups, batch)``: the ring half and
+    draft base of the row (after any flush of the first launch: then the drafts go to
+    the other half, from entry 0) to ``pos`` (group 0); the products ``B_i . C_k`` of
+    the group's ring entries (committed, then the drafts) with each draft's C, once per
+    group; then for all ``HG`` (padded) heads of the group at once the decays of the
+    copy ``e^Lambda_k`` and the coefficients ``W[k, i] = w_k(i) (B_i . C_k)``; appends
+    the drafts' B (the group's) and dt (its heads') to the ring."""
+    g = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_idx + b)
     if slot < 0:
-        if h == 0:
+        if g == 0:
             tl.store(pos + b, -1)
         return
-    hpg = H // G
-    g = h // hpg
     offs_n = tl.arange(0, N)
     offs_r = tl.arange(0, RB)
-    HP = H * P
+    offs_t = tl.arange(0, TB)
+    offs_j = tl.arange(0, HG)
+    hpg = H // G
     rl = tl.load(ring_len + slot)
     c = rl & 0xFFFF
     half = rl >> 16
-    A_h, D_h, dtb = head_consts(h, A_ptr, A_ptr, dtb_ptr, False, HAS_DT_BIAS)
-    mat = slot.to(tl.int64) * H + h
-    oB = offs_r[:, None] * (G * N) + offs_n[None, :]
-    if c + T > L:  # fold the committed entries of this head first
-        t = tl.load(steps + slot)
-        win = slot.to(tl.int64) * LR + half * L
-        rx_h = ring_x + win * HP + h * P
-        rB = ring_load(ring_B + (win * G + g) * N + oB, (offs_r < c)[:, None], RING)
-        rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=offs_r < c, other=0.0)
-        last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
-        fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P, rx_h, HP,
-                       offs_r, c, last, w, rB, seed_ck, seed_rd, t - 1, CK_FMT, RD_FMT, FB,
-                       NQ, N, RING, SPLIT, NEED_AMAX, WRITE_FRESH)
+    if c + T > L:  # the first launch folded the committed entries
         c0 = c * 0
         half = 1 - half
     else:
         c0 = c
-    if h == 0:
+    if g == 0:
         tl.store(pos + b, c0 | (half << 16))
     win = slot.to(tl.int64) * LR + half * L
+    oB = offs_r[:, None] * (G * N) + offs_n[None, :]
     rB_g = ring_B + (win * G + g) * N
     rdt_b = ring_dt + win * H
     old = offs_r < c0
@@ -110,21 +147,36 @@ def m2_verify_prep_kernel(
     iB = tl.load(B_b + jj[:, None] * s_Bt + offs_n[None, :], mask=vd[:, None], other=0.0)
     iB = ring_round(iB.to(tl.float32), RING)
     eB = tl.where(old[:, None], rB, iB)
-    rdt = tl.load(rdt_b + h + offs_r * H, mask=old, other=0.0)
-    idt = dt_of(tl.load(dt_ptr + b * s_dtb + jj * s_dtt + h, mask=vd, other=0.0), dtb,
-                HAS_DT_BIAS, DT_SOFTPLUS)
-    edt = tl.where(old, rdt, tl.where(vd, idt, 0.0))
-    cum = tl.cumsum(edt * A_h, axis=0)
-    base = (b * H + h) * TB
+    BC = tl.zeros((TB, RB), dtype=tl.float32)  # row k: B_i . C_k
     for k in tl.static_range(T):
-        last, w = decay_weights(edt, cum, offs_r, c0 + k)
         C_k = tl.load(C_b + k * s_Ct + offs_n).to(tl.float32)
-        BCk = tl.sum(eB * C_k[None, :], axis=1)
-        tl.store(coef + (base + k) * RB + offs_r, w * BCk)
-        tl.store(eLs + base + k, tl.exp(last))
-    tl.store(rdt_b + offs_r * H + h, idt, mask=vd)
-    if h % hpg == 0:
-        ring_store(rB_g + oB, iB, vd[:, None], RING)
+        BC = tl.where(offs_t[:, None] == k, tl.sum(eB * C_k[None, :], axis=1)[None, :], BC)
+    # the group's heads: (HG, RB) tiles of dt, (HG, TB, RB) coefficients
+    mj = offs_j < hpg
+    hs = g * hpg + offs_j
+    A_h = tl.load(A_ptr + hs, mask=mj, other=0.0).to(tl.float32)
+    dtb = 0.0
+    if HAS_DT_BIAS:
+        dtb = tl.load(dtb_ptr + hs, mask=mj, other=0.0).to(tl.float32)[:, None]
+    rdt = tl.load(rdt_b + hs[:, None] + offs_r[None, :] * H, mask=mj[:, None] & old[None, :],
+                  other=0.0)
+    dmask = mj[:, None] & vd[None, :]
+    idt = dt_of(tl.load(dt_ptr + b * s_dtb + jj[None, :] * s_dtt + hs[:, None], mask=dmask,
+                        other=0.0), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+    edt = tl.where(old[None, :], rdt, tl.where(vd[None, :], idt, 0.0))
+    cum = tl.cumsum(edt * A_h[:, None], axis=1)
+    q = c0 + offs_t  # draft k's entry
+    at_q = offs_r[None, None, :] == q[None, :, None]
+    last = tl.sum(tl.where(at_q, cum[:, None, :], 0.0), axis=2)  # (HG, TB)
+    w = edt[:, None, :] * tl.where(offs_r[None, None, :] <= q[None, :, None],
+                                   tl.exp(last[:, :, None] - cum[:, None, :]), 0.0)
+    base = (b * H + hs) * TB  # (HG,)
+    mk = mj[:, None] & (offs_t < T)[None, :]
+    tl.store(coef + (base[:, None, None] + offs_t[None, :, None]) * RB + offs_r[None, None, :],
+             w * BC[None, :, :], mask=mk[:, :, None])
+    tl.store(eLs + base[:, None] + offs_t[None, :], tl.exp(last), mask=mk)
+    tl.store(rdt_b + offs_r[None, :] * H + hs[:, None], idt, mask=dmask)
+    ring_store(rB_g + oB, iB, vd[:, None], RING)
 
 
 @triton.jit
@@ -290,10 +342,10 @@ def _scratch(batch: int, H: int, TB: int, RB: int, device) -> tuple[torch.Tensor
 def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, dt_softplus,
                          block_p: int | None = None, num_warps: int | None = None,
                          prep_warps: int = 4, dot: bool = False) -> None:
-    """Prep launch, then the output launch (inputs token-major ``(batch, T, ...)``).
-    ``block_p`` rows per output tile (default 32), ``num_warps`` of the output launch
-    (default 2), ``prep_warps`` of the prep launch; ``dot``: the output launch as
-    tensor-core products (:func:`m2_verify_out_mm_kernel`)."""
+    """The flush launch, the prep launch, then the output launch (inputs token-major
+    ``(batch, T, ...)``).  ``block_p`` rows per output tile (default 32), ``num_warps``
+    of the output launch (default 2), ``prep_warps`` of the flush and prep launches;
+    ``dot``: the output launch as tensor-core products (:func:`m2_verify_out_mm_kernel`)."""
     from .codec import as_int32
     from .mamba2_step import _RING_IDS, FLUSH_ROWS, _check_inputs
     from .tl_common import RING_FP32
@@ -318,18 +370,22 @@ def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, d
     coef, eLs = _scratch(batch, H, TB, RB, x.device)
     need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
     dtb = params.dt_bias if params.dt_bias is not None else params.A
-    m2_verify_prep_kernel[(H, batch)](
+    m2_verify_flush_kernel[(H, batch)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
-        rx, rB, cache.ring_dt, cache.ring_len, cache.steps, state_indices, cache.pos, coef, eLs,
-        dt, B, C, params.A, dtb,
-        as_int32(cache.seed), as_int32(cache.seed + 1),
-        dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
-        H, G, P, L, LR,
-        N=N, FB=FLUSH_ROWS, NQ=triton.cdiv(P, FLUSH_ROWS), RB=RB, T=T, TB=TB,
+        rx, rB, cache.ring_dt, cache.ring_len, cache.steps, state_indices, params.A,
+        as_int32(cache.seed), as_int32(cache.seed + 1), H, G, P, L, LR,
+        N=N, FB=FLUSH_ROWS, NQ=triton.cdiv(P, FLUSH_ROWS), RB=RB, T=T,
         CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None, RING=ring_id,
-        HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus,
         WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax, num_warps=prep_warps,
+    )
+    m2_verify_prep_kernel[(G, batch)](
+        rB, cache.ring_dt, cache.ring_len, state_indices, cache.pos, coef, eLs,
+        dt, B, C, params.A, dtb,
+        dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        H, G, L, LR,
+        N=N, RB=RB, T=T, TB=TB, HG=triton.next_power_of_2(H // G), RING=ring_id,
+        HAS_DT_BIAS=params.dt_bias is not None, DT_SOFTPLUS=dt_softplus, num_warps=prep_warps,
     )
     bp = max(16, min(block_p or 32, triton.next_power_of_2(P)))
     zz = z if z is not None else x
