@@ -341,11 +341,15 @@ def _scratch(batch: int, H: int, TB: int, RB: int, device) -> tuple[torch.Tensor
 
 def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, dt_softplus,
                          block_p: int | None = None, num_warps: int | None = None,
-                         prep_warps: int = 4, dot: bool = False) -> None:
+                         prep_warps: int = 4, flush_warps: int = 2, dot: bool = False) -> None:
     """The flush launch, the prep launch, then the output launch (inputs token-major
     ``(batch, T, ...)``).  ``block_p`` rows per output tile (default 32), ``num_warps``
-    of the output launch (default 2), ``prep_warps`` of the flush and prep launches;
-    ``dot``: the output launch as tensor-core products (:func:`m2_verify_out_mm_kernel`)."""
+    of the output launch (default 2), ``prep_warps`` and ``flush_warps`` of the prep and
+    flush launches; ``dot``: the output launch as tensor-core products
+    (:func:`m2_verify_out_mm_kernel`).  Warps picked on an H200 (batch 256, T = 4, L = 16,
+    nano-4b / super-120b, us): the flush launch with 2 warps 20.4 / 25.3 where nothing
+    flushes and 622 / 673 where all rows do (4 warps: 22.7 / 28.0 and 653 / 710; 1 warp:
+    17.4 / 22.3 and 655 / 700), the prep launch with 4 warps 14.6 / 14.7 (2: 16.1 / 16.4)."""
     from .codec import as_int32
     from .mamba2_step import _RING_IDS, FLUSH_ROWS, _check_inputs
     from .tl_common import RING_FP32
@@ -377,7 +381,7 @@ def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, d
         as_int32(cache.seed), as_int32(cache.seed + 1), H, G, P, L, LR,
         N=N, FB=FLUSH_ROWS, NQ=triton.cdiv(P, FLUSH_ROWS), RB=RB, T=T,
         CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None, RING=ring_id,
-        WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax, num_warps=prep_warps,
+        WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax, num_warps=flush_warps,
     )
     m2_verify_prep_kernel[(G, batch)](
         rB, cache.ring_dt, cache.ring_len, state_indices, cache.pos, coef, eLs,
