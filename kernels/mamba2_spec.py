@@ -52,13 +52,16 @@ def mamba2_verify(
 
     ``x, z``: (batch, T, heads, P); ``dt``: (batch, T, heads); ``B, C``:
     (batch, T, groups, N).  Returns (batch, T, heads, P) float32.  ``T`` must not
-    exceed the window.  ``verify_launch``: "staged-dot" (default, ``mamba2_verify``:
-    a prep launch for the drafts' coefficients and any flush, then an output launch
-    that reads each state tile once and computes all drafts' reductions as
-    tensor-core products; 16-row tiles, 1 warp), "staged" (the same with CUDA-core
-    reductions) or "single" (one launch of ``mamba2_kernel``).  On an H200 at batch
-    256 and T = 4: 628 / 714 us against 836 / 861 (staged) and 1270 / 1304 (single),
-    nano-4b / super-120b shapes; at batch 1 24.6 / 22.3 against 32.0 / 27.4 us.
+    exceed the window.  ``verify_launch``: "staged-dot" (default, ``mamba2_verify``: a
+    flush launch where drafts would overrun the window, a prep launch for the drafts'
+    coefficients, then an output launch that reads each state tile once and computes
+    all drafts' reductions as tensor-core products; 16-row tiles, 1 warp), "staged"
+    (the same with CUDA-core reductions) or "single" (one launch of ``mamba2_kernel``).
+    On an H200 at batch 256, T = 4 and L = 16 (every fourth verify flushes), nano-4b /
+    super-120b shapes: 509 / 550 us per verify, 0.98 / 0.99x a conventional step (628 /
+    714 when the flush and the coefficients shared one launch of a program per head;
+    then 836 / 861 staged and 1270 / 1304 single); at batch 1 26.7 / 24.8 us (24.6 /
+    22.3 then, one launch fewer; 32.0 / 27.4 single).
     """
     T = x.shape[1]
     if not cache.speculative:
