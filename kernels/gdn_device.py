@@ -16,6 +16,17 @@ from .tl_formats import K_FP8, K_NVFP4, load_state, matrix_amax, store_state
 
 
 @triton.jit
+def _row_head(state_idx, HK: tl.constexpr, HV: tl.constexpr):
+    """``(pid_v, pid_bh, bidx, h, hk, slot)`` of a program on a ``(row blocks, batch *
+    v-heads)`` grid: its block of V rows, batch row, v-head, k-head and state slot."""
+    pid_v = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    bidx = pid_bh // HV
+    h = pid_bh % HV
+    return pid_v, pid_bh, bidx, h, h // (HV // HK), tl.load(state_idx + bidx)
+
+
+@triton.jit
 def _gates(a_ptr, b_ptr, A_log, dt_bias, h):
     """``(g, beta)`` of value head ``h`` (fp32 scalars)."""
     a = tl.load(a_ptr).to(tl.float32)

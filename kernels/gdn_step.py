@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gdn_device import _delta, _gates, _load, _prep_qk, _staged_rows, _store, _tile_ring
+from .gdn_device import _delta, _gates, _load, _prep_qk, _row_head, _staged_rows, _store, _tile_ring
 from .gdn_extra import load_tile, tile_dots
 from .gdn_flush import _flush_rows
 from .tl_common import (
@@ -73,12 +73,7 @@ def _conventional_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     FMT: tl.constexpr, RING: tl.constexpr,
 ):
-    pid_v = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    bidx = pid_bh // HV
-    h = pid_bh % HV
-    hk = h // (HV // HK)
-    slot = tl.load(state_idx + bidx)
+    pid_v, pid_bh, bidx, h, hk, slot = _row_head(state_idx, HK, HV)
     if slot >= 0:
         SR: tl.constexpr = (FMT == K_BF16_SR) or (FMT == K_FP16_SR)
         offs_v = pid_v * BV + tl.arange(0, BV)

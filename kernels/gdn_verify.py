@@ -9,7 +9,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gdn_device import _gates, _prep_qk, _ring_cols, _ring_kg, _staged_rows, _step_inputs
+from .gdn_device import (
+    _gates,
+    _prep_qk,
+    _ring_cols,
+    _ring_kg,
+    _row_head,
+    _staged_rows,
+    _step_inputs,
+)
 from .gdn_extra import load_tile, tile_dots
 from .tl_common import ring_load, ring_round, ring_store
 from .tl_dots import dot_fp32, tile_values
@@ -30,12 +38,7 @@ def _verify_kernel(
     include drafts 0..j-1: they join the program's ring tiles (k, the ring-rounded d,
     the log-decay) in registers as they are computed, and are written to the ring
     behind the commit pointer (no counter changes)."""
-    pid_v = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    bidx = pid_bh // HV
-    h = pid_bh % HV
-    hk = h // (HV // HK)
-    slot = tl.load(state_idx + bidx)
+    pid_v, pid_bh, bidx, h, hk, slot = _row_head(state_idx, HK, HV)
     if slot >= 0:
         offs_v = pid_v * BV + tl.arange(0, BV)
         offs_k = tl.arange(0, K)
