@@ -75,7 +75,7 @@ OUT_KEYS = ("launch", "out_block_v", "out_num_warps", "out_tiles_per_program", "
             "out_maxnreg", "eager", "prep_num_warps", "out_mma")
 FLUSH_KEYS = ("block_v", "num_warps", "flush_chunk", "flush_stages", "maxnreg",
               "flush_ctas_per_sm", "dot_precision", "flush_licm", "flush_grid", "flush_pass",
-              "fast_encode", "flush_prefetch", "flush_tma", "hw_fp8")
+              "fast_encode", "flush_prefetch", "flush_tma", "hw_fp8", "flush_ring_ahead")
 # 32-row tiles over 2 warps hold fewer registers than the defaults (offline sm_90,
 # qwen3.5-4b: nvfp4 96 against 128); an fp8 copy: 64-row tiles alone, or the 16-row
 # 1-warp tiles with CUDA-core row sums (the default before the thirteenth H200 run)

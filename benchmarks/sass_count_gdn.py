@@ -64,6 +64,8 @@ DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3")
 # conversion)
 FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
          ("units", {"flush_grid": "units"}),
+         ("dynamic", {"flush_grid": "dynamic"}),
+         ("ring ahead", {"flush_ring_ahead": True}),
          ("168 registers, 3 per SM", {"maxnreg": 168, "flush_ctas_per_sm": 3}),
          ("4 warps, plain loads", {"num_warps": 4, "maxnreg": 128, "flush_ctas_per_sm": 4,
                                    "flush_stages": 2, "flush_tma": False}),

@@ -100,7 +100,7 @@ _RING_STORAGE = {torch.float32: torch.float32, torch.bfloat16: torch.int16,
                  torch.float16: torch.int16}
 DOT_PRECISIONS = ("tf32x2", "tf32x3", "ieee")
 LAUNCHES = ("fused", "split", "staged")
-FLUSH_GRIDS = ("persistent", "units")
+FLUSH_GRIDS = ("persistent", "dynamic", "units")
 VERIFY_LAUNCHES = ("single", "staged", "staged-dot")
 FLUSH_PASSES = ("recompute", "scratch")
 
@@ -240,7 +240,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False)
+                    out_mma=False, flush_ring_ahead=False)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -270,7 +270,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_licm=not whole, flush_grid="persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
-                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"))
+                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
+                flush_ring_ahead=False)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -377,9 +378,11 @@ class GDNReplayCache:
       The window's deltas ``RHS (I + N)^-T`` take three explicitly split tf32 passes
       unless ``"ieee"``.
     * ``verify_block_v`` / ``verify_num_warps`` / ``verify_stages``: the verify kernel.
-    * ``flush_grid``: ``"persistent"`` (default) or ``"units"`` (the split/staged flush
-      launch as one program per (row, head, block_v rows) unit; programs of rows that
-      do not flush return after two scalar loads).
+    * ``flush_grid``: ``"persistent"`` (default; every program takes every G-th unit),
+      ``"dynamic"`` (persistent programs that claim their units one at a time from a
+      counter) or ``"units"`` (the split/staged flush launch as one program per (row,
+      head, block_v rows) unit; programs of rows that do not flush return after two
+      scalar loads).
     * ``flush_pass``: ``"recompute"`` (a chunked nvfp4 flush folds every chunk twice,
       once for the matrix amax; the fused launch's default) or ``"scratch"`` (the
       first pass keeps the fp32 rows in a global scratch, the second only encodes them;
@@ -394,6 +397,8 @@ class GDNReplayCache:
       issued ahead by the chunk loop's ``flush_stages``-deep pipeline) and stores an
       fp32 checkpoint's fresh chunks back through it.  On by default in the staged
       launch where no copy is nvfp4.
+    * ``flush_ring_ahead``: the flush's chunk loop loads a chunk's ring v rows while the
+      chunk before it folds (the single-pass loop: no nvfp4 copy).
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
       conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
       the Mamba-2 flush, the same bits).  On by default in the staged launch (offline
@@ -437,6 +442,7 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None,
+        flush_ring_ahead: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -469,7 +475,7 @@ class GDNReplayCache:
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
-                     out_mma=out_mma,
+                     out_mma=out_mma, flush_ring_ahead=flush_ring_ahead,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
@@ -503,6 +509,7 @@ class GDNReplayCache:
         self.flush_tma = bool(cfg["flush_tma"])
         self.hw_fp8 = bool(cfg["hw_fp8"])
         self.out_mma = bool(cfg["out_mma"])
+        self.flush_ring_ahead = bool(cfg["flush_ring_ahead"])
         out_fmt = read if read is not None else checkpoint
         if self.out_mma and (self.launch != "staged" or out_fmt not in _MMA_KINDS):
             raise ValueError(f"out_mma needs the staged launch and a copy to read in "
@@ -524,6 +531,9 @@ class GDNReplayCache:
                              f"{self.verify_launch!r}")
         self._vscratch = None
         self._fscratch = None
+        self._flush_work = torch.zeros(2, dtype=torch.int32, device=device)
+        """The dynamic flush grid's unit counter and count of programs done (zero between
+        flushes)."""
         self._pscratch = None
         self.compiled: dict = {}
         """The last compiled kernel of each launch (``n_regs``, ``n_spills``: tuning aid)."""
@@ -794,8 +804,9 @@ class GDNReplayCache:
             self.flush_grid == "units", scr is not None, self.fast_encode,
             self.flush_prefetch if compiled_on(q.device) else 0,
             self.ckpt.rows_descriptor(self.FB) if self.flush_tma else None, self.flush_tma,
-            self.hw_fp8 and compiled_on(q.device), self.num_warps == 1,
-            num_warps=self.num_warps, maxnreg=self.maxnreg,
+            self.hw_fp8 and compiled_on(q.device), self.num_warps == 1, self._flush_work,
+            self.flush_grid == "dynamic", self.flush_ring_ahead, num_warps=self.num_warps,
+            maxnreg=self.maxnreg,
         )
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:

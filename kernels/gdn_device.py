@@ -109,12 +109,17 @@ def _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK: tl.constexpr, HV: tl.const
 
 @triton.jit
 def _ring_rows(ring_x, rbase, h, offs_v, valid, HV: tl.constexpr, V: tl.constexpr,
-               RP: tl.constexpr, RING: tl.constexpr):
+               RP: tl.constexpr, RING: tl.constexpr, RAW: tl.constexpr = False):
     """Rows ``offs_v`` of ring field ``ring_x`` (v or d) of head h as a ``(rows, RP)``
-    tile (entries where ``valid`` is false are zero)."""
+    tile (entries where ``valid`` is false are zero); RAW: as stored, undecoded (a
+    prefetch that does not stall; ``ring_decode`` at the use)."""
     offs_r = tl.arange(0, RP)
-    return ring_load(ring_x + (rbase * HV + h) * V + offs_r[None, :] * (HV * V) + offs_v[:, None],
-                     valid[None, :], RING)
+    ptrs = ring_x + (rbase * HV + h) * V + offs_r[None, :] * (HV * V) + offs_v[:, None]
+    if RAW:
+        x = ring_load_raw(ptrs, valid[None, :], RING)
+    else:
+        x = ring_load(ptrs, valid[None, :], RING)
+    return x
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .gdn_device import _gates, _prep_qk, _ring_kg, _ring_rows
 from .gdn_extra import inv_unit_lower, load_tile
-from .tl_common import post_amax_part, ring_round
+from .tl_common import post_amax_part, ring_decode, ring_round
 from .tl_dots import dot_fp32
 from .tl_formats import (
     K_FP8,
@@ -34,13 +34,14 @@ def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v
                 br, ec, Tm, w, e_last, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 FB: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr, RING: tl.constexpr,
                 STEP: tl.constexpr, DOT: tl.constexpr, ck_desc=None, TMA: tl.constexpr = False,
-                row0=0):
+                row0=0, v_raw=None):
     """Fresh fp32 rows ``offs_v`` (FB of them): the window's d recomputed from the
     checkpoint rows, ``D = RHS (I + N)^-T``, then ``e^{c_L} S_c + (w D) K``.  An nvfp4
     checkpoint decodes with ``s2_old``, its matrix scale read before the first chunk
     was rewritten.  TMA (a dense checkpoint, V a multiple of FB): the rows come through
     the tensor descriptor ``ck_desc`` over ``(slots * HV * V, K)`` (``row0``: the first
-    of ``offs_v``)."""
+    of ``offs_v``).  ``v_raw``: the rows' ring v entries as loaded ahead
+    (:func:`_next_v_raw`), else loaded here."""
     if TMA:
         S = decode_tile(ck_desc.load([(mat * V + row0).to(tl.int32), 0]), 0.0, 0.0, C_FMT,
                         FB, K)
@@ -49,7 +50,10 @@ def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v
         S = decode_tile(codes, sc, s2_old, C_FMT, FB, K)
     else:
         S = load_state(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, C_FMT, FB, K)
-    Vr = _ring_rows(ring_v, rbase, h, offs_v, valid, HV, V, RP, RING)
+    if v_raw is None:
+        Vr = _ring_rows(ring_v, rbase, h, offs_v, valid, HV, V, RP, RING)
+    else:
+        Vr = ring_decode(v_raw, RING)
     if STEP:  # this step's entry, at ring position n
         vt = ring_round(tl.load(v_row + offs_v).to(tl.float32), RING)
         Vr = tl.where(tl.arange(0, RP)[None, :] == n, vt[:, None], Vr)
@@ -81,6 +85,15 @@ def _dot_exact_b(a, b, DOT: tl.constexpr, acc=None):
 
 
 @triton.jit
+def _next_v_raw(ring_v, rbase, h, v0, c, valid, NC: tl.constexpr, HV: tl.constexpr,
+                V: tl.constexpr, FB: tl.constexpr, RP: tl.constexpr, RING: tl.constexpr):
+    """The raw ring v rows of chunk ``c`` of the unit at row ``v0`` (the last chunk for
+    ``c >= NC``): loaded one chunk ahead, their latency hides behind a chunk's fold."""
+    offs_v = v0 + tl.minimum(c, NC - 1) * FB + tl.arange(0, FB)
+    return _ring_rows(ring_v, rbase, h, offs_v, valid, HV, V, RP, RING, True)
+
+
+@triton.jit
 def _prefetch_chunk(c_data, ring_v, rbase, h, mat, row, valid, HV: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, FB: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr):
     """L2 prefetch of what the flush chunk of rows ``[row, row + FB)`` of matrix ``mat``
@@ -103,7 +116,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 NOLICM: tl.constexpr = True, scr=None, SCRATCH: tl.constexpr = False,
                 FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
                 TMA: tl.constexpr = False, HW: tl.constexpr = False,
-                SUBST: tl.constexpr = False, sync=None, PARTS: tl.constexpr = 0):
+                SUBST: tl.constexpr = False, sync=None, PARTS: tl.constexpr = 0,
+                VPRE: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -129,7 +143,9 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     words, the matrix
     amax's bits and a count of programs done (both zero between flushes); each program
     folds and writes its rows as the SCRATCH pass does and posts its amax, and the last
-    one to post encodes the nvfp4 copies of all V rows (:func:`_encode_posted`)."""
+    one to post encodes the nvfp4 copies of all V rows (:func:`_encode_posted`).  VPRE:
+    a chunk's ring v rows are loaded while the chunk before it folds (the single-pass
+    chunk loop)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -212,14 +228,22 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                                  offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
                                  C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
                 amax = tl.maximum(amax, matrix_amax(Sn))
+        if VPRE:
+            v_next = _next_v_raw(ring_v, rbase, h, v0, 0, valid, NC, HV, V, FB, RP, RING)
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
             if PF > 0:
                 _prefetch_chunk(c_data, ring_v, rbase, h, mat, v0 + (c + PF) * FB, valid, HV, K,
                                 V, FB, RP, C_FMT)
             offs_v = v0 + c * FB + tl.arange(0, FB)
+            if VPRE:
+                v_raw = v_next
+                v_next = _next_v_raw(ring_v, rbase, h, v0, c + 1, valid, NC, HV, V, FB, RP,
+                                     RING)
+            else:
+                v_raw = None
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v,
                              n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING,
-                             STEP, DOT, ck_desc, TMA, v0 + c * FB)
+                             STEP, DOT, ck_desc, TMA, v0 + c * FB, v_raw)
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True,
                         FAST, HW, ck_desc, TMA, v0 + c * FB)
@@ -287,7 +311,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                 COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
                 SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0,
                 ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
-                SUBST: tl.constexpr = False):
+                SUBST: tl.constexpr = False, VPRE: tl.constexpr = False):
     """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
     hk = h // (HV // HK)
     mat = slot.to(tl.int64) * HV + h
@@ -297,7 +321,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
                     0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW, SUBST)
+                    HW, SUBST, VPRE=VPRE)
     else:
         q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                 K, RING)
@@ -307,7 +331,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                     beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW, SUBST)
+                    HW, SUBST, VPRE=VPRE)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
@@ -322,7 +346,8 @@ def _flush_kernel(
     COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
     UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
     PF: tl.constexpr = 0, ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
-    SUBST: tl.constexpr = False,
+    SUBST: tl.constexpr = False, work=None, CLAIM: tl.constexpr = False,
+    VPRE: tl.constexpr = False,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -337,7 +362,12 @@ def _flush_kernel(
     the hardware overlaps one unit's set-up (ring tiles, triangular inverse) with
     another's streaming.  SCRATCH (nvfp4 copies in several chunks): the unit's fp32
     rows go to ``scr`` (per program of a persistent launch, per unit with UNITS) and
-    the second pass encodes from there instead of folding again."""
+    the second pass encodes from there instead of folding again.
+
+    CLAIM (persistent launch): a program claims its next unit from the counter
+    ``work[0]`` instead of taking every G-th one, so programs that start late or run
+    slow take fewer units; ``work[1]`` counts the programs done, and the last one
+    clears both words for the next flush (:func:`_claim_done`)."""
     NU: tl.constexpr = V // BVF
     if UNITS:
         u = tl.program_id(0)
@@ -363,7 +393,7 @@ def _flush_kernel(
                         fresh, scr + (sl0.to(tl.int64) * (HV * NU) + u) * (BVF * K), seed,
                         bidx, sl0, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP, LOG2RP,
                         C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST, PF,
-                        ck_desc, TMA, HW, SUBST)
+                        ck_desc, TMA, HW, SUBST, VPRE)
     else:
         pid = tl.program_id(0)
         G = tl.num_programs(0)
@@ -388,6 +418,9 @@ def _flush_kernel(
         units = tl.sum(fl, axis=0) * (HV * NU)
         scr_p = scr + pid.to(tl.int64) * (BVF * K)
         u = pid
+        if CLAIM:
+            if units > 0:
+                u = tl.atomic_add(work, 1, sem="relaxed")
         while u < units:
             j = u // (HV * NU)
             h = (u // NU) % HV
@@ -406,10 +439,26 @@ def _flush_kernel(
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
                         scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
                         LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST,
-                        PF, ck_desc, TMA, HW, SUBST)
+                        PF, ck_desc, TMA, HW, SUBST, VPRE)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
-            u += G
+            if CLAIM:
+                u = tl.atomic_add(work, 1, sem="relaxed")
+            else:
+                u += G
+        if CLAIM:
+            if units > 0:
+                _claim_done(work, G)
+
+
+@triton.jit
+def _claim_done(work, G):
+    """A program of a claiming flush launch is done (its last claim came back past
+    the units): count it in ``work[1]``; the last of the G programs clears both words.
+    The count's acquire-release orders every program's claims before the clearing."""
+    if tl.atomic_add(work + 1, 1, sem="acq_rel") == G - 1:
+        tl.atomic_xchg(work, 0, sem="relaxed")
+        tl.atomic_xchg(work + 1, 0, sem="relaxed")
 
 
 @triton.jit

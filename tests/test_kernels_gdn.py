@@ -446,8 +446,11 @@ def test_spec_accepted_outputs_equal_plain_decoding(vl: str) -> None:
 @pytest.mark.parametrize("vl,fcfg,read,ring", [
     ("single", {}, "fp8-e4m3", torch.float32), ("staged", {}, "fp8-e4m3", torch.float32),
     ("staged", {"flush_grid": "units", "fast_encode": True}, "fp8-e4m3", torch.float32),
-    ("staged-dot", {}, "fp8-e4m3", torch.float32), ("staged-dot", {}, "nvfp4", torch.bfloat16)],
-    ids=["single", "staged", "staged-units-fast", "staged-dot", "staged-dot-nvfp4-bf16ring"])
+    ("staged-dot", {}, "fp8-e4m3", torch.float32), ("staged-dot", {}, "nvfp4", torch.bfloat16),
+    ("staged-dot", {"flush_grid": "dynamic", "flush_ctas_per_sm": 1}, "fp8-e4m3",
+     torch.float32)],
+    ids=["single", "staged", "staged-units-fast", "staged-dot", "staged-dot-nvfp4-bf16ring",
+         "staged-dot-dynamic"])
 def test_verify_and_commit_flush_on_a_read_copy(vl: str, fcfg: dict, read: str,
                                                 ring: torch.dtype) -> None:
     """Split design (fp8 read copy): each draft's output and ring d equal
@@ -536,7 +539,7 @@ def test_gdn_bench_times_staggered_phases() -> None:
                      phases="random")
 
 
-@pytest.mark.parametrize("grid", ["persistent", "units"])
+@pytest.mark.parametrize("grid", ["persistent", "dynamic", "units"])
 def test_staged_flush_after_prep_equals_before(grid) -> None:
     """On a GPU the staged step's flush launch runs on its own stream, so it may run
     after the prep and output launches.  With the concurrent protocol (the prep launch
@@ -571,6 +574,41 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     assert_runs_same_bits(res)
     advanced = res[1][-1] - _staggered_cache(B, L, launch="staged").counters.tickets
     assert advanced.tolist() == [len(raws) * HK, len(raws) * HK, 0, len(raws) * HK]
+
+
+@pytest.mark.parametrize("ckpt,read,variant", [
+    ("fp32", "fp8-e4m3", {"flush_grid": "dynamic"}),
+    ("fp16-sr", "nvfp4", {"flush_grid": "dynamic"}),
+    ("fp32", "fp8-e4m3", {"flush_ring_ahead": True}),
+    ("fp32", None, {"flush_grid": "dynamic", "flush_ring_ahead": True})],
+    ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32"])
+def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict) -> None:
+    """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
+    fewer programs than units) and chunk loops that load the ring v rows a chunk ahead
+    (``flush_ring_ahead``) write the persistent grid's bits and outputs over two
+    windows, aligned and staggered rows with a padding row; the dynamic grid leaves its
+    counter and its count of programs done at zero after every flush launch."""
+    B, L = 4, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
+    idx = torch.tensor([2, 0, -1, 1], dtype=torch.int32, device=DEV)
+    for stagger in (False, True):
+        res = []
+        for cfg in ({}, variant):
+            cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ckpt, read=read,
+                                   device=DEV, launch="staged", block_v=V, flush_chunk=16,
+                                   flush_ctas_per_sm=1, concurrent_flush=False, **cfg)
+            cache.reset(state0(B))
+            if stagger:
+                stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
+            outs = []
+            for r in raws:
+                out = torch.zeros(B, HV, V, device=DEV)  # the padding row stays zero
+                cache.step(*args(r), params.A_log, params.dt_bias, idx, out=out)
+                outs.append(out)
+                assert cache._flush_work.tolist() == [0, 0]
+            res.append(outs + cache.ckpt.tensors()
+                       + (cache.read.tensors() if read else []))
+        assert_runs_same_bits(res)
 
 
 # ---------------------------------------------------------------- GPU only
