@@ -59,13 +59,15 @@ def loop_bodies(text: str) -> list[int]:
 DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
            "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
 # flush variants: (label, GDNReplayCache keywords over the large-batch defaults, which
-# are the integer-rounding encoders, the nvfp4 scratch pass, the persistent grid and,
+# are the integer-rounding encoders, the nvfp4 scratch pass, the dynamic grid where there
+# is a read copy (else the persistent one), the ring v rows a chunk ahead and,
 # for fp32 checkpoints, TMA loads into 1-warp programs; an fp8 copy by the hardware
 # conversion)
 FLUSH = [("default", {}), ("reference encoders", {"fast_encode": False}),
          ("units", {"flush_grid": "units"}),
-         ("dynamic", {"flush_grid": "dynamic"}),
-         ("ring ahead", {"flush_ring_ahead": True}),
+         ("persistent grid", {"flush_grid": "persistent"}),
+         ("dynamic grid", {"flush_grid": "dynamic"}),
+         ("no ring ahead", {"flush_ring_ahead": False}),
          ("168 registers, 3 per SM", {"maxnreg": 168, "flush_ctas_per_sm": 3}),
          ("4 warps, plain loads", {"num_warps": 4, "maxnreg": 128, "flush_ctas_per_sm": 4,
                                    "flush_stages": 2, "flush_tma": False}),

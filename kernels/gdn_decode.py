@@ -200,7 +200,12 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     129.4; 128-row 2-warp tiles alone 74.7 / 122.4).  An nvfp4 copy's tiles the same
     way: 84.7 -> 82.5 / 150.4 -> 142.1 (64-row 2-warp tiles, the CUDA-core default
     before, 85.6 / 149.4 with tensor-core sums).  fp32 tiles by two tf32 passes lost
-    (161.2 -> 182.5 us, 119 registers per thread)."""
+    (161.2 -> 182.5 us, 119 registers per thread).  Nineteenth run (flush us, qwen3.5-4b /
+    122b, one process): the ring v rows loaded a chunk ahead (``flush_ring_ahead``) in
+    the single-pass chunk loop, fp32 382 -> 372 / 744 -> 732, fp8 466 -> 445 / 902 ->
+    895; flush programs that claim their units from a counter (``flush_grid="dynamic"``)
+    where there is a read copy, fp8 (with the ring ahead) 443 / 870, nvfp4 1162 -> 1049
+    / 2399 -> 2303, but not for a shared fp32 checkpoint (403 / 771)."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         # 16-row programs.  An nvfp4 copy: 16-row programs (each flushes its rows, the
@@ -267,11 +272,11 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 out_stages=ons if otpp > 1 else 1, verify_block_v=min(V, 16),
                 verify_num_warps=1, verify_stages=2,
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
-                flush_licm=not whole, flush_grid="persistent",
+                flush_licm=not whole, flush_grid="persistent" if read is None else "dynamic",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                flush_ring_ahead=False)
+                flush_ring_ahead=not whole)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:

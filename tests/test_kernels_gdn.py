@@ -586,8 +586,10 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
     """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
     fewer programs than units) and chunk loops that load the ring v rows a chunk ahead
     (``flush_ring_ahead``) write the persistent grid's bits and outputs over two
-    windows, aligned and staggered rows with a padding row; the dynamic grid leaves its
-    counter and its count of programs done at zero after every flush launch."""
+    windows, aligned and staggered rows with a padding row (compiled, the fp32 values
+    to 1e-6: the variants' code may contract products differently); the dynamic grid
+    leaves its counter and its count of programs done at zero after every flush
+    launch."""
     B, L = 4, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
     idx = torch.tensor([2, 0, -1, 1], dtype=torch.int32, device=DEV)
@@ -608,7 +610,14 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
                 assert cache._flush_work.tolist() == [0, 0]
             res.append(outs + cache.ckpt.tensors()
                        + (cache.read.tensors() if read else []))
-        assert_runs_same_bits(res)
+        if DEVICE == "cpu":
+            assert_runs_same_bits(res)
+            continue
+        for a, b in zip(res[1], res[0], strict=True):
+            if a.dtype == torch.float32:
+                assert rel(a, b) < 1e-6
+            else:
+                assert torch.equal(a, b)
 
 
 # ---------------------------------------------------------------- GPU only
