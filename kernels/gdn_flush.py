@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .gdn_device import _gates, _prep_qk, _ring_kg, _ring_rows
 from .gdn_extra import inv_unit_lower, load_tile
-from .tl_common import post_amax_part, ring_decode, ring_round
+from .tl_common import claim_done, claim_unit, post_amax_part, ring_decode, ring_round
 from .tl_dots import dot_fp32
 from .tl_formats import (
     K_FP8,
@@ -367,7 +367,7 @@ def _flush_kernel(
     CLAIM (persistent launch): a program claims its next unit from the counter
     ``work[0]`` instead of taking every G-th one, so programs that start late or run
     slow take fewer units; ``work[1]`` counts the programs done, and the last one
-    clears both words for the next flush (:func:`_claim_done`)."""
+    clears both words for the next flush (``tl_common.claim_done``)."""
     NU: tl.constexpr = V // BVF
     if UNITS:
         u = tl.program_id(0)
@@ -420,7 +420,7 @@ def _flush_kernel(
         u = pid
         if CLAIM:
             if units > 0:
-                u = tl.atomic_add(work, 1, sem="relaxed")
+                u = claim_unit(work)
         while u < units:
             j = u // (HV * NU)
             h = (u // NU) % HV
@@ -443,22 +443,12 @@ def _flush_kernel(
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
             if CLAIM:
-                u = tl.atomic_add(work, 1, sem="relaxed")
+                u = claim_unit(work)
             else:
                 u += G
         if CLAIM:
             if units > 0:
-                _claim_done(work, G)
-
-
-@triton.jit
-def _claim_done(work, G):
-    """A program of a claiming flush launch is done (its last claim came back past
-    the units): count it in ``work[1]``; the last of the G programs clears both words.
-    The count's acquire-release orders every program's claims before the clearing."""
-    if tl.atomic_add(work + 1, 1, sem="acq_rel") == G - 1:
-        tl.atomic_xchg(work, 0, sem="relaxed")
-        tl.atomic_xchg(work + 1, 0, sem="relaxed")
+                claim_done(work, G)
 
 
 @triton.jit

@@ -67,6 +67,8 @@ import triton.language as tl
 from .mamba2_kernel import head_consts, tile_inputs
 from .tl_common import (
     K_RING_FP32,
+    claim_done,
+    claim_unit,
     decay_weights,
     dt_of,
     gate,
@@ -285,8 +287,12 @@ def m2_flush_kernel(
     NEED_AMAX: tl.constexpr, HW_CVT: tl.constexpr, FAST_ENC: tl.constexpr = False,
     ONE_PASS: tl.constexpr = False, scr=None, SCRATCH: tl.constexpr = False,
     PF: tl.constexpr = 0, EV: tl.constexpr = False, ck_desc=None, TMA: tl.constexpr = False,
-    CONC: tl.constexpr = False,
+    CONC: tl.constexpr = False, work=None, CLAIM: tl.constexpr = False,
 ):
+    """The split step's persistent flush launch: every program enumerates the flushing
+    rows' (row, head, row block) units and takes every nprog-th one, or, CLAIM, claims
+    its units one at a time from the counter ``work`` (``tl_common.claim_unit``; then
+    the chunks prefetched ahead stop at the unit's end)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_b = tl.arange(0, BP)
@@ -312,16 +318,21 @@ def m2_flush_kernel(
     if SCR:
         scr_p = scr + pid.to(tl.int64) * (FB * NQ * N)
     u = pid
+    if CLAIM:
+        if units > 0:
+            u = claim_unit(work)
+    first = u
     while u < units:
         bidx, slot, t, h, r0 = _unit(u, key, offs_b, sl0, k, H, UPH, FB * NQ)
         if PF > 0:  # L2 prefetch: a program's first chunks, then PF chunks ahead
-            if u == pid:
+            if u == first:
                 for d in tl.static_range(PF):
                     _prefetch_chunk(ck_c, ring_x + slot * LR * HP + h * P,
                                     x_ptr + bidx * s_xb + h * P, z_ptr + bidx * s_zb + h * P,
                                     slot * H + h, r0 + d * FB, P, HP, offs_r, c, CK_FMT, FB,
                                     N, HAS_Z)
-            bidx2, slot2, _t, h2, r02 = _unit(u + nprog, key, offs_b, sl0, k, H, UPH, FB * NQ)
+            u2 = u if CLAIM else u + nprog  # the program's next unit, where known
+            bidx2, slot2, _t, h2, r02 = _unit(u2, key, offs_b, sl0, k, H, UPH, FB * NQ)
         g = h // (H // G)
         mat = slot * H + h
         win = slot * LR
@@ -388,7 +399,13 @@ def m2_flush_kernel(
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
                               FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH, EV)
-        u += nprog
+        if CLAIM:
+            u = claim_unit(work)
+        else:
+            u += nprog
+    if CLAIM:
+        if units > 0:
+            claim_done(work, nprog)
 
 
 @triton.jit

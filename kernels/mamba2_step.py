@@ -138,7 +138,11 @@ class SplitConfig:
     launches (``mamba2_fast``'s "Concurrent flush"); None = on for CUDA tensors.  On the
     CPU, True runs the flush after the output launch, the order a second stream may
     take.  (Starting the second stream after the weights launch instead lost 0.5-2 us per
-    step on an H200.)
+    step on an H200.)  ``flush_grid``: "persistent" (every flush program takes every
+    G-th unit) or "dynamic" (the programs claim their units one at a time from a
+    counter, so programs that start late or run slow take fewer; the chunks prefetched
+    ahead then stop at a unit's end); None = "dynamic" for nvfp4 copies, else
+    "persistent" (see :func:`_split_defaults`).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -165,6 +169,7 @@ class SplitConfig:
     out_loads_first: bool | None = None
     flush_tma: bool | None = None
     concurrent_flush: bool | None = None
+    flush_grid: str | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -216,6 +221,9 @@ class Mamba2Cache:
     """Per (batch row, head) ring weights for the "heads" output launch."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
+    flush_work: torch.Tensor | None = None
+    """The dynamic flush grid's unit counter and count of programs done (zero between
+    flushes)."""
     part_scratch: tuple[torch.Tensor, torch.Tensor] | None = None
     """Row-split fused programs of an nvfp4 copy: fp32 rows and sync words per (batch
     row, head) matrix (:func:`_part_buffers`)."""
@@ -564,6 +572,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.flush_pass not in ("recompute", "scratch"):
         raise ValueError(f"flush_pass must be 'recompute' or 'scratch', got "
                          f"{cfg.flush_pass!r}")
+    if cfg.flush_grid not in (None, "persistent", "dynamic"):
+        raise ValueError(f"flush_grid must be 'persistent' or 'dynamic', got "
+                         f"{cfg.flush_grid!r}")
     if cfg.out_weights not in ("launch", "program"):
         raise ValueError(f"out_weights must be 'launch' or 'program', got "
                          f"{cfg.out_weights!r}")
@@ -633,6 +644,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),
                    out_loads_first=loads_first, flush_tma=tma,
+                   flush_grid=cfg.flush_grid or ("dynamic" if need_amax else "persistent"),
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
                                    else int(fw == 1 and narrow and not need_amax)),
@@ -697,6 +709,9 @@ def launch_split_step(
     scratch = cfg.flush_pass == "scratch" and need_amax and not one_pass
     if scratch:
         cache.flush_scratch = device_buffer(cache.flush_scratch, nprog * fb * nq * N, x.device)
+    claim = cfg.flush_grid == "dynamic"
+    if claim:
+        cache.flush_work = device_buffer(cache.flush_work, 2, x.device, torch.int32, zero=True)
     weights = cfg.out_kernel == "heads" and cfg.out_weights == "launch"
     if weights:
         cache.out_wts = device_buffer(cache.out_wts, batch * H * (RB + 4), x.device)
@@ -723,6 +738,7 @@ def launch_split_step(
             PF=min(cfg.flush_prefetch, nq) if compiled_on(x.device) else 0,
             EV=cfg.evict_first, TMA=cfg.flush_tma,
             ck_desc=ckpt.rows_descriptor(fb) if cfg.flush_tma else None, CONC=conc,
+            work=cache.flush_work if claim else cache.pos, CLAIM=claim,
             num_warps=cfg.flush_warps, **flags, **extra,
         )
 

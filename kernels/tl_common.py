@@ -168,3 +168,21 @@ def post_amax_part(sync, amax, PARTS: tl.constexpr):
         tl.atomic_xchg(sync + 1, 0, sem="relaxed")
     tl.debug_barrier()  # no warp reads another program's rows before the acquire
     return last, amax_mat
+
+
+@triton.jit
+def claim_unit(work):
+    """The next unit of a flush launch whose programs claim their units one at a time
+    from the counter ``work[0]`` (zero between launches; see :func:`claim_done`)."""
+    return tl.atomic_add(work, 1, sem="relaxed")
+
+
+@triton.jit
+def claim_done(work, G):
+    """One of the G programs of a claiming flush launch is done (its last claim came
+    back past the units): count it in ``work[1]``; the last one clears both words for
+    the next launch.  The count's acquire-release orders every program's claims before
+    the clearing."""
+    if tl.atomic_add(work + 1, 1, sem="acq_rel") == G - 1:
+        tl.atomic_xchg(work, 0, sem="relaxed")
+        tl.atomic_xchg(work + 1, 0, sem="relaxed")

@@ -379,7 +379,7 @@ def test_concurrent_flush_in_a_graph() -> None:
 
 
 @pytest.mark.parametrize("field", ["out_weights", "flush_pass", "flush_tma", "concurrent_flush",
-                                   "evict_first"])
+                                   "evict_first", "flush_grid"])
 def test_split_config_rejects_unknown_values(field: str) -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
                                  read_format="nvfp4", window=2, device=DEV, launch="split",
@@ -831,6 +831,35 @@ def test_flush_tma_changes_no_bit(ck, rd) -> None:
         cache.load_state(S0)
         ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
                           dt_softplus=True).clone() for r in raws]
+        res.append(ys + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
+    assert_runs_same_bits(res)
+
+
+@pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
+def test_dynamic_flush_grid_changes_no_bit(ck, rd) -> None:
+    """Flush programs that claim their units from a counter (``SplitConfig.flush_grid``
+    "dynamic", fewer programs than units) give the persistent grid's outputs,
+    checkpoints and read copies over two windows and a flush step, and leave the
+    counter and the count of programs done at zero after every flush launch."""
+    batch, L, P32 = 3, 3, 32
+    trace = SyntheticTrace(PRESET32, steps=2 * L + 1, batch=batch, seed=6)
+    kind = kind_for(PRESET32)
+    params = kind.params({k: v.float().to(DEV) for k, v in trace.params.items()})
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    raws = [{k: v.to(DEV) for k, v in raw.items()} for raw in trace]
+    S0 = torch.randn(batch, H, P32, N, generator=torch.Generator().manual_seed(5)).to(DEV)
+    res = []
+    for grid in ("persistent", "dynamic"):
+        cfg = SplitConfig(flush_grid=grid, flush_ctas_per_sm=1)
+        cache = Mamba2Cache.allocate(batch, H, P32, N, G, checkpoint_format=ck, read_format=rd,
+                                     window=L, device=DEV, seed=3, launch="split",
+                                     split_config=cfg)
+        cache.load_state(S0)
+        ys = []
+        for r in raws:
+            ys.append(mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                                  dt_softplus=True).clone())
+            assert grid == "persistent" or cache.flush_work.tolist() == [0, 0]
         res.append(ys + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
     assert_runs_same_bits(res)
 
