@@ -563,7 +563,10 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     807; the replay fp32 flush lost, 606 -> 624-654, and so did nvfp4's, 1562 ->
     1628-1755); nvfp4 flushes in 4-warp programs of one stage (their units fold once
     into a scratch and encode from it), 4 per SM, capped at 128 registers (1- or 2-warp
-    ones took 1.2-1.4x as long)."""
+    ones took 1.2-1.4x as long), whose units are claimed from a counter (``flush_grid``
+    "dynamic"; nineteenth H200 run, flush us: nvfp4 1501-1510 -> 1459-1462 on nano-4b,
+    1638-1640 -> 1599-1600 on super-120b; fp32 and fp8 flushes within 1% on nano-4b, so
+    they keep the persistent grid)."""
     hpg = H // G
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
