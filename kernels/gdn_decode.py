@@ -403,7 +403,7 @@ class GDNReplayCache:
       fp32 checkpoint's fresh chunks back through it.  On by default in the staged
       launch where no copy is nvfp4.
     * ``flush_ring_ahead``: the flush's chunk loop loads a chunk's ring v rows while the
-      chunk before it folds (the single-pass loop, and the first of the scratch pass).
+      chunk before it folds (the single-pass loop: no nvfp4 copy).
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
       conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
       the Mamba-2 flush, the same bits).  On by default in the staged launch (offline

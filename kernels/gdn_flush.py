@@ -145,7 +145,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     folds and writes its rows as the SCRATCH pass does and posts its amax, and the last
     one to post encodes the nvfp4 copies of all V rows (:func:`_encode_posted`).  VPRE:
     a chunk's ring v rows are loaded while the chunk before it folds (the single-pass
-    chunk loop and the scratch pass's first)."""
+    chunk loop)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -186,22 +186,14 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
         # first pass: fold, write what needs no amax, keep the fp32 rows (``scr``: row
         # v0's place; with PARTS inside the matrix's scratch, which starts v0 rows before)
         offs_k = tl.arange(0, K)
-        if VPRE:
-            v_next = _next_v_raw(ring_v, rbase, h, v0, 0, valid, NC, HV, V, FB, RP, RING)
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
             if PF > 0:
                 _prefetch_chunk(c_data, ring_v, rbase, h, mat, v0 + (c + PF) * FB, valid, HV, K,
                                 V, FB, RP, C_FMT)
             offs_v = v0 + c * FB + tl.arange(0, FB)
-            if VPRE:
-                v_raw = v_next
-                v_next = _next_v_raw(ring_v, rbase, h, v0, c + 1, valid, NC, HV, V, FB, RP,
-                                     RING)
-            else:
-                v_raw = None
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
                              offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
-                             C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB, v_raw)
+                             C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
             amax = tl.maximum(amax, matrix_amax(Sn))
             tl.store(scr + (offs_v - v0)[:, None] * K + offs_k[None, :], Sn)
             _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
