@@ -251,12 +251,12 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     obv = min(V, obv)
     while (v_heads // k_heads * (V // obv)) % otpp:  # tiles of a k-head group
         otpp //= 2
-    # TMA chunk loads for a dense checkpoint without nvfp4 copies; with an nvfp4 read
-    # copy where the flush has at most 8192 units (batch x v-heads), in 1-warp programs
+    # TMA chunk loads for a dense checkpoint, with an nvfp4 read copy in 1-warp programs
     # (seventeenth run, flush us against 4-warp programs with plain loads, in one process:
     # qwen3.5-4b 1128 / 1147 / 1148 against 1203-1213; qwen3.5-122b 2381 / 2475 / 2447
-    # against 2384-2419, so not there)
-    nv_tma = read == "nvfp4" and batch * v_heads <= 8192
+    # against 2384-2419, so then only up to 8192 units, batch x v-heads; nineteenth run,
+    # with the dynamic flush grid, qwen3.5-122b 2220 / 2228 against 2297-2314)
+    nv_tma = read == "nvfp4"
     tma = checkpoint in DENSE_FORMATS and (nv_tma or not whole)
     # flush programs (warps, registers, programs per SM, pipeline stages)
     if tma and read in (None, "fp8-e4m3", "nvfp4"):
