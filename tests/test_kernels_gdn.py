@@ -823,18 +823,19 @@ def test_fused_launch_warps_by_grid(batch, v_heads, ckpt, read, warps) -> None:
                           device=DEV, num_warps=2).num_warps == 2
 
 
-@pytest.mark.parametrize("ckpt,read,v_heads,warps,tma", [
-    ("fp32", None, 64, 1, True), ("fp32", "fp8-e4m3", 64, 1, True),
-    ("fp16-sr", "nvfp4", 32, 1, True), ("fp16-sr", "nvfp4", 64, 4, False),
-    ("nvfp4", None, 32, 4, False), ("bf16-sr", "mxfp4", 32, 4, True)])
-def test_staged_flush_programs_by_copy(ckpt, read, v_heads, warps, tma) -> None:
+@pytest.mark.parametrize("ckpt,read,v_heads,warps,tma,grid", [
+    ("fp32", None, 64, 1, True, "persistent"), ("fp32", "fp8-e4m3", 64, 1, True, "dynamic"),
+    ("fp16-sr", "nvfp4", 32, 1, True, "dynamic"), ("fp16-sr", "nvfp4", 64, 1, True, "dynamic"),
+    ("nvfp4", None, 32, 4, False, "persistent"), ("bf16-sr", "mxfp4", 32, 4, True, "dynamic")])
+def test_staged_flush_programs_by_copy(ckpt, read, v_heads, warps, tma, grid) -> None:
     """Large batches (256): one-warp flush programs with TMA chunk loads for a dense
-    checkpoint with no copy or an fp8 one, and with an nvfp4 one where the flush has at
-    most 8192 units (qwen3.5-4b's 32 v-heads, not qwen3.5-122b's 64); an nvfp4
-    checkpoint keeps 4-warp programs with plain loads, an mxfp4 copy 4-warp TMA ones."""
+    checkpoint with no copy, an fp8 or an nvfp4 one (qwen3.5-4b's 32 v-heads and
+    qwen3.5-122b's 64); an nvfp4 checkpoint keeps 4-warp programs with plain loads, an
+    mxfp4 copy 4-warp TMA ones.  Programs claim their units from a counter where there
+    is a read copy."""
     c = GDNReplayCache(1, 16, v_heads, 128, 128, window=4, checkpoint=ckpt, read=read,
                        device=DEV, batch_hint=256)
-    assert (c.launch, c.num_warps, c.flush_tma) == ("staged", warps, tma)
+    assert (c.launch, c.num_warps, c.flush_tma, c.flush_grid) == ("staged", warps, tma, grid)
 
 
 def test_flush_prefetch_rejects_negative() -> None:
