@@ -537,7 +537,6 @@ class GDNReplayCache:
         self._vscratch = None
         self._fscratch = None
         self._flush_work = torch.zeros(2, dtype=torch.int32, device=device)
-        self._claim_ahead = True
         """The dynamic flush grid's unit counter and count of programs done (zero between
         flushes)."""
         self._pscratch = None
@@ -811,8 +810,8 @@ class GDNReplayCache:
             self.flush_prefetch if compiled_on(q.device) else 0,
             self.ckpt.rows_descriptor(self.FB) if self.flush_tma else None, self.flush_tma,
             self.hw_fp8 and compiled_on(q.device), self.num_warps == 1, self._flush_work,
-            self.flush_grid == "dynamic", self.flush_ring_ahead, self._claim_ahead,
-            num_warps=self.num_warps, maxnreg=self.maxnreg,
+            self.flush_grid == "dynamic", self.flush_ring_ahead, num_warps=self.num_warps,
+            maxnreg=self.maxnreg,
         )
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:

@@ -117,7 +117,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
                 TMA: tl.constexpr = False, HW: tl.constexpr = False,
                 SUBST: tl.constexpr = False, sync=None, PARTS: tl.constexpr = 0,
-                VPRE: tl.constexpr = False, work=None, AHEAD: tl.constexpr = False):
+                VPRE: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -145,9 +145,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     folds and writes its rows as the SCRATCH pass does and posts its amax, and the last
     one to post encodes the nvfp4 copies of all V rows (:func:`_encode_posted`).  VPRE:
     a chunk's ring v rows are loaded while the chunk before it folds (the single-pass
-    chunk loop).  AHEAD (a claiming flush launch): the program's next unit is claimed
-    from ``work`` once this unit's ring loads are out, so the claim's round trip overlaps
-    them; returned (else 0)."""
+    chunk loop)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -159,9 +157,6 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     br = tl.load(ring_b + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
     KK = tl.load(ring_kk + (rbase * HK + hk) * RP + offs_r[:, None] * (HK * RP) + offs_r[None, :],
                  mask=valid[:, None], other=0.0)
-    nxt = 0
-    if AHEAD:
-        nxt = claim_unit(work)
     if STEP:
         KK = tl.where(offs_r[:, None] == n, tl.sum(Kr * k[None, :], axis=1)[None, :], KK)
         Kr = tl.where(offs_r[:, None] == n, k[None, :], Kr)
@@ -252,7 +247,6 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True,
                         FAST, HW, ck_desc, TMA, v0 + c * FB)
-    return nxt
 
 
 @triton.jit
@@ -317,29 +311,27 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                 COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
                 SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0,
                 ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
-                SUBST: tl.constexpr = False, VPRE: tl.constexpr = False, work=None,
-                AHEAD: tl.constexpr = False):
+                SUBST: tl.constexpr = False, VPRE: tl.constexpr = False):
     """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
     hk = h // (HV // HK)
     mat = slot.to(tl.int64) * HV + h
     rbase = slot.to(tl.int64) * R
     if COMMIT:
-        nxt = _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
+        _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                     ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
                     0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW, SUBST, VPRE=VPRE, work=work, AHEAD=AHEAD)
+                    HW, SUBST, VPRE=VPRE)
     else:
         q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                 K, RING)
         g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
-        nxt = _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
+        _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                     ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
                     out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                     beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW, SUBST, VPRE=VPRE, work=work, AHEAD=AHEAD)
-    return nxt
+                    HW, SUBST, VPRE=VPRE)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
@@ -355,7 +347,7 @@ def _flush_kernel(
     UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
     PF: tl.constexpr = 0, ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
     SUBST: tl.constexpr = False, work=None, CLAIM: tl.constexpr = False,
-    VPRE: tl.constexpr = False, AHEAD: tl.constexpr = False,
+    VPRE: tl.constexpr = False,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -443,17 +435,14 @@ def _flush_kernel(
             else:
                 n = L - 1
             t = tl.sum(tl.where(sel, tb, 0), axis=0)
-            nxt = _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data,
-                              c_s1, c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b,
-                              ring_kk, fresh, scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K,
-                              V, BVF, FB, FNS, R, RP, LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT,
-                              DOT, NOLICM, SCRATCH, FAST, PF, ck_desc, TMA, HW, SUBST, VPRE, work,
-                              CLAIM and AHEAD)
+            _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, c_s1,
+                        c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
+                        scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
+                        LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST,
+                        PF, ck_desc, TMA, HW, SUBST, VPRE)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
-            if CLAIM and AHEAD:
-                u = nxt
-            elif CLAIM:
+            if CLAIM:
                 u = claim_unit(work)
             else:
                 u += G
