@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .gdn_device import _gates, _prep_qk, _ring_kg, _ring_rows
 from .gdn_extra import inv_unit_lower, load_tile
-from .tl_common import claim_done, claim_unit, post_amax_part, ring_decode, ring_round
+from .tl_common import first_unit, next_unit, post_amax_part, ring_decode, ring_round, units_done
 from .tl_dots import dot_fp32
 from .tl_formats import (
     K_FP8,
@@ -367,7 +367,8 @@ def _flush_kernel(
     CLAIM (persistent launch): a program claims its next unit from the counter
     ``work[0]`` instead of taking every G-th one, so programs that start late or run
     slow take fewer units; ``work[1]`` counts the programs done, and the last one
-    clears both words for the next flush (``tl_common.claim_done``)."""
+    clears both words for the next flush (``tl_common.first_unit`` / ``next_unit`` /
+    ``units_done``)."""
     NU: tl.constexpr = V // BVF
     if UNITS:
         u = tl.program_id(0)
@@ -417,10 +418,7 @@ def _flush_kernel(
         key = tl.where(flag, tl.cumsum(fl, axis=0), 0)  # j + 1 at the j-th flushing row
         units = tl.sum(fl, axis=0) * (HV * NU)
         scr_p = scr + pid.to(tl.int64) * (BVF * K)
-        u = pid
-        if CLAIM:
-            if units > 0:
-                u = claim_unit(work)
+        u = first_unit(pid, units, work, CLAIM)
         while u < units:
             j = u // (HV * NU)
             h = (u // NU) % HV
@@ -442,13 +440,8 @@ def _flush_kernel(
                         PF, ck_desc, TMA, HW, SUBST, VPRE)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
-            if CLAIM:
-                u = claim_unit(work)
-            else:
-                u += G
-        if CLAIM:
-            if units > 0:
-                claim_done(work, G)
+            u = next_unit(u, G, work, CLAIM)
+        units_done(units, work, G, CLAIM)
 
 
 @triton.jit

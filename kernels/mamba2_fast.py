@@ -67,15 +67,16 @@ import triton.language as tl
 from .mamba2_kernel import head_consts, tile_inputs
 from .tl_common import (
     K_RING_FP32,
-    claim_done,
-    claim_unit,
     decay_weights,
     dt_of,
+    first_unit,
     gate,
+    next_unit,
     ring_decode,
     ring_load,
     ring_round,
     ring_store,
+    units_done,
 )
 from .tl_formats import (
     K_FP8,
@@ -291,7 +292,7 @@ def m2_flush_kernel(
 ):
     """The split step's persistent flush launch: every program enumerates the flushing
     rows' (row, head, row block) units and takes every nprog-th one, or, CLAIM, claims
-    its units one at a time from the counter ``work`` (``tl_common.claim_unit``; then
+    its units one at a time from the counter ``work`` (``tl_common.first_unit``; then
     the chunks prefetched ahead stop at the unit's end)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -317,10 +318,7 @@ def m2_flush_kernel(
     SCR: tl.constexpr = SCRATCH and NEED_AMAX and not ONE_PASS
     if SCR:
         scr_p = scr + pid.to(tl.int64) * (FB * NQ * N)
-    u = pid
-    if CLAIM:
-        if units > 0:
-            u = claim_unit(work)
+    u = first_unit(pid, units, work, CLAIM)
     first = u
     while u < units:
         bidx, slot, t, h, r0 = _unit(u, key, offs_b, sl0, k, H, UPH, FB * NQ)
@@ -399,13 +397,8 @@ def m2_flush_kernel(
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
                               FAST_ENC, ONE_PASS, True, SPLIT, WRITE_FRESH, EV)
-        if CLAIM:
-            u = claim_unit(work)
-        else:
-            u += nprog
-    if CLAIM:
-        if units > 0:
-            claim_done(work, nprog)
+        u = next_unit(u, nprog, work, CLAIM)
+    units_done(units, work, nprog, CLAIM)
 
 
 @triton.jit

@@ -186,3 +186,33 @@ def claim_done(work, G):
     if tl.atomic_add(work + 1, 1, sem="acq_rel") == G - 1:
         tl.atomic_xchg(work, 0, sem="relaxed")
         tl.atomic_xchg(work + 1, 0, sem="relaxed")
+
+
+@triton.jit
+def first_unit(pid, units, work, CLAIM: tl.constexpr):
+    """Program ``pid``'s first unit of a persistent flush launch: ``pid``, or with CLAIM
+    the first it claims (none is claimed where there are no units)."""
+    u = pid
+    if CLAIM:
+        if units > 0:
+            u = claim_unit(work)
+    return u
+
+
+@triton.jit
+def next_unit(u, G, work, CLAIM: tl.constexpr):
+    """The program's unit after ``u``: G further, or with CLAIM the next it claims."""
+    if CLAIM:
+        nxt = claim_unit(work)
+    else:
+        nxt = u + G
+    return nxt
+
+
+@triton.jit
+def units_done(units, work, G, CLAIM: tl.constexpr):
+    """The end of a program of a persistent flush launch of G programs: with CLAIM (and
+    units claimed at all) it counts itself done (:func:`claim_done`)."""
+    if CLAIM:
+        if units > 0:
+            claim_done(work, G)

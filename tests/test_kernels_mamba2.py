@@ -809,6 +809,18 @@ def test_prefetch_changes_no_bit(ck, rd) -> None:
 PRESET32 = Preset("kernel-test-32", "mamba2", H, 32, N, G, 1, "headdim 32: whole chunks")
 
 
+def _headdim32_problem(batch: int, L: int, seed: int, state_seed: int):
+    """Head constants, 2L + 1 steps of inputs and a random state for headdim 32 (two
+    16-row flush chunks): the flush-variant tests' problem."""
+    trace = SyntheticTrace(PRESET32, steps=2 * L + 1, batch=batch, seed=seed)
+    kind = kind_for(PRESET32)
+    params = kind.params({k: v.float().to(DEV) for k, v in trace.params.items()})
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    raws = [{k: v.to(DEV) for k, v in raw.items()} for raw in trace]
+    gen = torch.Generator().manual_seed(state_seed)
+    return head, raws, torch.randn(batch, H, 32, N, generator=gen).to(DEV)
+
+
 @pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
 def test_flush_tma_changes_no_bit(ck, rd) -> None:
     """Checkpoint chunks loaded through a tensor descriptor (``SplitConfig.flush_tma``,
@@ -816,12 +828,7 @@ def test_flush_tma_changes_no_bit(ck, rd) -> None:
     plain loads: headdim 32 (two 16-row chunks), fewer persistent programs than units,
     two windows and a flush step."""
     batch, L, P32 = 3, 3, 32
-    trace = SyntheticTrace(PRESET32, steps=2 * L + 1, batch=batch, seed=5)
-    kind = kind_for(PRESET32)
-    params = kind.params({k: v.float().to(DEV) for k, v in trace.params.items()})
-    head = HeadParams(params.A, params.D, params.dt_bias)
-    raws = [{k: v.to(DEV) for k, v in raw.items()} for raw in trace]
-    S0 = torch.randn(batch, H, P32, N, generator=torch.Generator().manual_seed(4)).to(DEV)
+    head, raws, S0 = _headdim32_problem(batch, L, seed=5, state_seed=4)
     res = []
     for tma, stages in ((False, 1), (True, 1), (True, 2)):
         cfg = SplitConfig(flush_tma=tma, flush_stages=stages, flush_ctas_per_sm=1)
@@ -842,12 +849,7 @@ def test_dynamic_flush_grid_changes_no_bit(ck, rd) -> None:
     checkpoints and read copies over two windows and a flush step, and leave the
     counter and the count of programs done at zero after every flush launch."""
     batch, L, P32 = 3, 3, 32
-    trace = SyntheticTrace(PRESET32, steps=2 * L + 1, batch=batch, seed=6)
-    kind = kind_for(PRESET32)
-    params = kind.params({k: v.float().to(DEV) for k, v in trace.params.items()})
-    head = HeadParams(params.A, params.D, params.dt_bias)
-    raws = [{k: v.to(DEV) for k, v in raw.items()} for raw in trace]
-    S0 = torch.randn(batch, H, P32, N, generator=torch.Generator().manual_seed(5)).to(DEV)
+    head, raws, S0 = _headdim32_problem(batch, L, seed=6, state_seed=5)
     res = []
     for grid in ("persistent", "dynamic"):
         cfg = SplitConfig(flush_grid=grid, flush_ctas_per_sm=1)
