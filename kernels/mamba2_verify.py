@@ -6,11 +6,11 @@ window), a prep launch, then an output launch that reads each state tile once fo
 Torch reference: ``precisionlab.speculative.SpeculativeDecoder.verify`` (as the
 single-launch verify of ``mamba2_kernel``; same semantics, see ``mamba2_spec``).
 
-* **Flush launch** (:func:`m2_verify_flush_kernel`, persistent programs that claim
-  (row, head) units from a counter): per row the committed count ``c``; if ``c + T >
-  L`` each head's committed entries are folded into a new checkpoint and read copy
-  (the single kernel's verify flush) and the drafts go to the other ring half; where
-  no row overruns, every program returns after one vector load.
+* **Flush launch** (:func:`m2_verify_flush_kernel`, grid ``(heads, batch)``): per
+  (row, head) the committed count ``c``; if ``c + T > L`` the head's committed
+  entries are folded into a new checkpoint and read copy (the single kernel's verify
+  flush, one head per program) and the drafts go to the other ring half; the other
+  programs return at once.
 * **Prep launch** (:func:`m2_verify_prep_kernel`, grid ``(groups, batch)``): the
   products ``B_i . C_k`` of the group's ring entries (committed, then the drafts)
   with each draft's C, once per group; for all the group's heads at once the decay of
@@ -45,74 +45,53 @@ from .tl_common import (
     K_RING_FP32,
     decay_weights,
     dt_of,
-    first_unit,
     gate,
-    next_unit,
     ring_load,
     ring_round,
     ring_store,
-    units_done,
 )
 from .tl_dots import dot_fp32, tile_values
 from .tl_formats import K_FP32, load_codes
 from .tl_mamba2_fast import TWO63, row_dot
 
-VERIFY_FLUSH_PROGRAMS_PER_SM = 8
-"""Persistent programs per SM of the staged verify's flush launch (their units are
-claimed, so programs that cannot be resident at once only take fewer)."""
 
-
-@triton.jit(do_not_specialize=["seed_ck", "seed_rd", "Bsz"])
+@triton.jit(do_not_specialize=["seed_ck", "seed_rd"])
 def m2_verify_flush_kernel(
     ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr,
-    ring_x, ring_B, ring_dt, ring_len, steps, state_idx, A_ptr, work,
-    seed_ck, seed_rd, Bsz, H, G, P, L, LR,
+    ring_x, ring_B, ring_dt, ring_len, steps, state_idx, A_ptr,
+    seed_ck, seed_rd, H, G, P, L, LR,
     N: tl.constexpr, FB: tl.constexpr, NQ: tl.constexpr, RB: tl.constexpr, T: tl.constexpr,
-    BP: tl.constexpr, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SPLIT: tl.constexpr,
-    RING: tl.constexpr, WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
+    CK_FMT: tl.constexpr, RD_FMT: tl.constexpr, SPLIT: tl.constexpr, RING: tl.constexpr,
+    WRITE_FRESH: tl.constexpr, NEED_AMAX: tl.constexpr,
 ):
-    """First launch of the staged verify, persistent: every program reads the committed
-    counts of all ``Bsz`` rows (one vector load) and, where a row's committed entries and
-    its T drafts would overrun the window (``c + T > L``), claims (row, head) units from
-    the counter ``work`` (``tl_common.first_unit``) and folds the head's committed
-    entries into a new checkpoint and read copy (the single kernel's verify flush); with
-    nothing to fold it returns at once."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    offs_b = tl.arange(0, BP)
-    sl = tl.load(state_idx + offs_b, mask=offs_b < Bsz, other=-1)
-    live = sl >= 0
-    sl0 = tl.maximum(sl, 0)
-    rl = tl.load(ring_len + sl0, mask=live, other=0)
-    flag = live & ((rl & 0xFFFF) + T > L)
-    key = tl.where(flag, tl.cumsum(flag.to(tl.int32), axis=0), 0)  # j + 1 at the j-th row
-    units = tl.sum(flag.to(tl.int32), axis=0) * H
-    offs_n = tl.arange(0, N)
-    offs_r = tl.arange(0, RB)
-    HP = H * P
-    u = first_unit(pid, units, work, True)
-    while u < units:
-        sel = key == u // H + 1
-        h = u % H
-        slot = tl.sum(tl.where(sel, sl0, 0), axis=0).to(tl.int64)
-        rlu = tl.sum(tl.where(sel, rl, 0), axis=0)
-        c = rlu & 0xFFFF
-        half = rlu >> 16
-        g = h // (H // G)
-        A_h = tl.load(A_ptr + h).to(tl.float32)
-        mat = slot * H + h
-        t = tl.load(steps + slot)
-        win = slot * LR + half * L
-        rx_h = ring_x + win * HP + h * P
-        rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N)
-                       + offs_n[None, :], (offs_r < c)[:, None], RING)
-        rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=offs_r < c, other=0.0)
-        last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
-        fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P, rx_h, HP,
-                       offs_r, c, last, w, rB, seed_ck, seed_rd, t - 1, CK_FMT, RD_FMT, FB,
-                       NQ, N, RING, SPLIT, NEED_AMAX, WRITE_FRESH)
-        u = next_unit(u, nprog, work, True)
-    units_done(units, work, nprog, True)
+    """First launch of the staged verify, grid ``(heads, batch)``: where a row's
+    committed entries and its T drafts would overrun the window (``c + T > L``), fold
+    head h's committed entries into a new checkpoint and read copy (the single kernel's
+    verify flush, one head per program); every other program returns after two loads."""
+    h = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_idx + b)
+    if slot >= 0:
+        rl = tl.load(ring_len + slot)
+        c = rl & 0xFFFF
+        if c + T > L:
+            half = rl >> 16
+            g = h // (H // G)
+            offs_n = tl.arange(0, N)
+            offs_r = tl.arange(0, RB)
+            HP = H * P
+            A_h = tl.load(A_ptr + h).to(tl.float32)
+            mat = slot.to(tl.int64) * H + h
+            t = tl.load(steps + slot)
+            win = slot.to(tl.int64) * LR + half * L
+            rx_h = ring_x + win * HP + h * P
+            rB = ring_load(ring_B + (win * G + g) * N + offs_r[:, None] * (G * N)
+                           + offs_n[None, :], (offs_r < c)[:, None], RING)
+            rdt = tl.load(ring_dt + win * H + h + offs_r * H, mask=offs_r < c, other=0.0)
+            last, w = decay_weights(rdt, tl.cumsum(rdt * A_h, axis=0), offs_r, c - 1)
+            fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P, rx_h, HP,
+                           offs_r, c, last, w, rB, seed_ck, seed_rd, t - 1, CK_FMT, RD_FMT, FB,
+                           NQ, N, RING, SPLIT, NEED_AMAX, WRITE_FRESH)
 
 
 @triton.jit
@@ -372,7 +351,7 @@ def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, d
     flushes and 622 / 673 where all rows do (4 warps: 22.7 / 28.0 and 653 / 710; 1 warp:
     17.4 / 22.3 and 655 / 700), the prep launch with 4 warps 14.6 / 14.7 (2: 16.1 / 16.4)."""
     from .codec import as_int32
-    from .mamba2_step import _RING_IDS, FLUSH_ROWS, _check_inputs, _sm_count
+    from .mamba2_step import _RING_IDS, FLUSH_ROWS, _check_inputs
     from .tl_common import RING_FP32
     from .tl_formats import FMT_NVFP4
 
@@ -395,15 +374,12 @@ def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, d
     coef, eLs = _scratch(batch, H, TB, RB, x.device)
     need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
     dtb = params.dt_bias if params.dt_bias is not None else params.A
-    cache.flush_work = device_buffer(cache.flush_work, 2, x.device, torch.int32, zero=True)
-    nprog = max(1, min(batch * H, _sm_count(x.device) * VERIFY_FLUSH_PROGRAMS_PER_SM))
-    m2_verify_flush_kernel[(nprog,)](
+    m2_verify_flush_kernel[(H, batch)](
         *ckpt.kernel_args(), *rd.kernel_args(),
         cache.fresh if cache.fresh is not None else ckpt.codes,
         rx, rB, cache.ring_dt, cache.ring_len, cache.steps, state_indices, params.A,
-        cache.flush_work, as_int32(cache.seed), as_int32(cache.seed + 1), batch, H, G, P, L,
-        LR, N=N, FB=FLUSH_ROWS, NQ=triton.cdiv(P, FLUSH_ROWS), RB=RB, T=T,
-        BP=max(16, triton.next_power_of_2(batch)),
+        as_int32(cache.seed), as_int32(cache.seed + 1), H, G, P, L, LR,
+        N=N, FB=FLUSH_ROWS, NQ=triton.cdiv(P, FLUSH_ROWS), RB=RB, T=T,
         CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id, SPLIT=read is not None, RING=ring_id,
         WRITE_FRESH=cache.fresh is not None, NEED_AMAX=need_amax, num_warps=flush_warps,
     )

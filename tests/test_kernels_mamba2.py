@@ -688,8 +688,7 @@ def test_staged_verify_with_uneven_heads_per_group(staged) -> None:
     """Three heads per B/C group (the staged prep launch's per-group tile of heads is
     padded to four, as nemotron-3-nano-4b's 12 heads per group are to 16): the staged
     verify's outputs are within 1e-5 of the single launch's and both write the same
-    checkpoint bits, over verifies that flush, with a padding row; the staged flush
-    launch leaves its unit counter at zero."""
+    checkpoint bits, over verifies that flush, with a padding row."""
     batch, T, L, H3, G3 = 3, 3, 5, 6, 2
     gen = torch.Generator().manual_seed(11)
 
@@ -714,8 +713,6 @@ def test_staged_verify_with_uneven_heads_per_group(staged) -> None:
               for c, v in zip(caches, ("single", staged), strict=True)]
         live = idx >= 0
         assert rel(ys[1][live], ys[0][live]) < TOL, f"verify {it}"
-        # the staged flush launch's claim counter is back at zero
-        assert caches[1].flush_work.tolist() == [0, 0]
         for a, b in zip(caches[0].ckpt.tensors(), caches[1].ckpt.tensors(), strict=True):
             assert torch.equal(bits(a), bits(b))
         n = torch.full((batch,), 2, dtype=torch.int32, device=DEV)
