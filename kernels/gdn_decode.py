@@ -256,8 +256,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     # qwen3.5-4b 1128 / 1147 / 1148 against 1203-1213; qwen3.5-122b 2381 / 2475 / 2447
     # against 2384-2419, so then only up to 8192 units, batch x v-heads; nineteenth run,
     # with the dynamic flush grid, qwen3.5-122b 2220 / 2228 against 2297-2314)
-    nv_tma = read == "nvfp4"
-    tma = checkpoint in DENSE_FORMATS and (nv_tma or not whole)
+    tma = checkpoint in DENSE_FORMATS
     # flush programs (warps, registers, programs per SM, pipeline stages)
     if tma and read in (None, "fp8-e4m3", "nvfp4"):
         fw, fr, fc, fs = 1, 255, 8, 1
@@ -383,11 +382,11 @@ class GDNReplayCache:
       The window's deltas ``RHS (I + N)^-T`` take three explicitly split tf32 passes
       unless ``"ieee"``.
     * ``verify_block_v`` / ``verify_num_warps`` / ``verify_stages``: the verify kernel.
-    * ``flush_grid``: ``"persistent"`` (default; every program takes every G-th unit),
-      ``"dynamic"`` (persistent programs that claim their units one at a time from a
-      counter) or ``"units"`` (the split/staged flush launch as one program per (row,
-      head, block_v rows) unit; programs of rows that do not flush return after two
-      scalar loads).
+    * ``flush_grid``: ``"persistent"`` (every program takes every G-th unit; the default
+      without a read copy), ``"dynamic"`` (persistent programs that claim their units one
+      at a time from a counter; the staged default where there is a read copy) or
+      ``"units"`` (the split/staged flush launch as one program per (row, head, block_v
+      rows) unit; programs of rows that do not flush return after two scalar loads).
     * ``flush_pass``: ``"recompute"`` (a chunked nvfp4 flush folds every chunk twice,
       once for the matrix amax; the fused launch's default) or ``"scratch"`` (the
       first pass keeps the fp32 rows in a global scratch, the second only encodes them;
@@ -401,7 +400,7 @@ class GDNReplayCache:
       chunks through a tensor descriptor (TMA bulk copies into shared memory on Hopper,
       issued ahead by the chunk loop's ``flush_stages``-deep pipeline) and stores an
       fp32 checkpoint's fresh chunks back through it.  On by default in the staged
-      launch where no copy is nvfp4.
+      launch (for a dense checkpoint).
     * ``flush_ring_ahead``: the flush's chunk loop loads a chunk's ring v rows while the
       chunk before it folds (the single-pass loop: no nvfp4 copy).
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
