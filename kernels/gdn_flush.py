@@ -12,7 +12,15 @@ import triton.language as tl
 
 from .gdn_device import _gates, _prep_qk, _ring_kg, _ring_rows
 from .gdn_extra import inv_unit_lower, load_tile
-from .tl_common import first_unit, next_unit, post_amax_part, ring_decode, ring_round, units_done
+from .tl_common import (
+    batch_slots,
+    first_unit,
+    next_unit,
+    post_amax_part,
+    ring_decode,
+    ring_round,
+    units_done,
+)
 from .tl_dots import dot_fp32
 from .tl_formats import (
     K_FP8,
@@ -398,11 +406,7 @@ def _flush_kernel(
     else:
         pid = tl.program_id(0)
         G = tl.num_programs(0)
-        offs_b = tl.arange(0, BP)
-        inb = offs_b < B
-        sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
-        live = sl >= 0
-        sl0 = tl.maximum(sl, 0)
+        offs_b, inb, live, sl0 = batch_slots(state_idx, B, BP)
         if COMMIT:
             acc = tl.load(accepted + offs_b, mask=inb, other=0)
             nb = tl.load(ring_len + sl0, mask=live, other=0) + acc

@@ -67,6 +67,7 @@ import triton.language as tl
 from .mamba2_kernel import head_consts, tile_inputs
 from .tl_common import (
     K_RING_FP32,
+    batch_slots,
     decay_weights,
     dt_of,
     first_unit,
@@ -296,11 +297,7 @@ def m2_flush_kernel(
     the chunks prefetched ahead stop at the unit's end)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    offs_b = tl.arange(0, BP)
-    inb = offs_b < Bsz
-    sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
-    live = sl >= 0
-    sl0 = tl.maximum(sl, 0)
+    offs_b, inb, live, sl0 = batch_slots(state_idx, Bsz, BP)
     k = tl.load(tickets + sl0, mask=live, other=0)
     cpos = k % L
     if (pid == 0) and not CONC:  # (CONC: the weights launch writes them)

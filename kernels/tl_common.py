@@ -171,6 +171,17 @@ def post_amax_part(sync, amax, PARTS: tl.constexpr):
 
 
 @triton.jit
+def batch_slots(state_idx, B, BP: tl.constexpr):
+    """The slots of a launch's ``B`` batch rows as one vector (a persistent flush
+    launch's view of the batch): ``(offs_b, inb, live, sl0)``, the rows ``0..BP-1``,
+    which are real, which have a slot (index >= 0) and the slot (0 where none)."""
+    offs_b = tl.arange(0, BP)
+    inb = offs_b < B
+    sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
+    return offs_b, inb, sl >= 0, tl.maximum(sl, 0)
+
+
+@triton.jit
 def claim_unit(work):
     """The next unit of a flush launch whose programs claim their units one at a time
     from the counter ``work[0]`` (zero between launches; see :func:`claim_done`)."""
