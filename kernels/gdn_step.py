@@ -354,13 +354,12 @@ def _prep_kernel(
         tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["B"])
+@triton.jit
 def _out_kernel(
     v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     TPP: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
-    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0, B=0,
-    PERSIST: tl.constexpr = False, PIPE: tl.constexpr = False,
+    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0,
 ):
     """Staged launch, second of the output step.  Grid ``(HV * (V // BV) // TPP, B)``:
     TPP tiles of BV rows (one k-head group) of the stored copy.  Everything a tile
@@ -373,14 +372,10 @@ def _out_kernel(
     the launch costs next to nothing (a masked body took 65-85 us on an H200).  MMA
     (fp8, nvfp4 or fp32 copies): a tile's row sums are tensor-core products with the split k
     and q the prep launch left in ``pqk`` (:func:`_staged_rows`)."""
-    NVB: tl.constexpr = V // BV
-    GRP: tl.constexpr = HV // HK
-    if PERSIST:
-        _out_persistent(v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco,
-                        pn, B, HK, HV, K, V, BV, NS, R, RP, CW, FMT, RING, MMA, PIPE)
-        return
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
+    NVB: tl.constexpr = V // BV
+    GRP: tl.constexpr = HV // HK
     tau0 = pid * TPP
     hk = tau0 // (GRP * NVB)
     slot = tl.load(state_idx + bidx)
@@ -422,82 +417,3 @@ def _out_kernel(
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
-
-
-@triton.jit
-def _out_persistent(v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn, B,
-                    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    BV: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-                    CW: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr,
-                    MMA: tl.constexpr, PIPE: tl.constexpr):
-    """The output launch as persistent programs: program p takes tiles p, p + G, ...
-    of the batch's ``B * HV * (V // BV)`` tiles, in an NS-stage software pipeline where
-    PIPE (compiled code: the next tiles' loads in flight while one computes; the
-    interpreter's loops take no run-time bounds, so there it is a plain loop).  Every
-    load and store of a tile is masked by its row's position (``pn >= 0``): the loop
-    body has no branch."""
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
-    total = B * (HV * (V // BV))
-    if PIPE:
-        for it in tl.range(0, (total - pid + G - 1) // G, num_stages=NS):
-            _out_item(pid + it * G, v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v,
-                      ring_d, pqk, pco, pn, HK, HV, K, V, BV, R, RP, CW, FMT, RING, MMA)
-    else:
-        w = pid
-        while w < total:
-            _out_item(w, v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk,
-                      pco, pn, HK, HV, K, V, BV, R, RP, CW, FMT, RING, MMA)
-            w += G
-
-
-@triton.jit
-def _out_item(w, v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
-              HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-              BV: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
-              FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr):
-    """Tile ``w`` of the persistent output launch (row ``w // (HV * V // BV)``): its
-    output rows and ring entries, every access masked where the row has no position."""
-    NVB: tl.constexpr = V // BV
-    GRP: tl.constexpr = HV // HK
-    NT: tl.constexpr = HV * NVB
-    offs_r = tl.arange(0, RP)
-    offs_k = tl.arange(0, K)
-    bidx = w // NT
-    tau = w % NT
-    h = tau // NVB
-    hk = h // GRP
-    slot = tl.load(state_idx + bidx)
-    n = tl.load(pn + bidx)
-    ok = n >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    rbase = slot64 * R
-    valid = offs_r < n
-    offs_v = (tau % NVB) * BV + tl.arange(0, BV)
-    mrow = (offs_v < V) & ok
-    if MMA != 0:
-        offs_c = tl.arange(0, 16)
-        rows_kq = offs_k
-        if FMT == K_NVFP4:
-            rows_kq = nvfp4_word_order(offs_k)
-        KQ = tl.load(pqk + (bidx * HK + hk) * (4 * K) + offs_c[None, :] * K + rows_kq[:, None],
-                     mask=(offs_c < 4)[None, :] & ok, other=0.0)
-        q = 0.0
-        k = 0.0
-    else:
-        qb = pqk + (bidx * HK + hk) * (2 * K)
-        q = tl.load(qb + offs_k, mask=ok, other=0.0)
-        k = tl.load(qb + K + offs_k, mask=ok, other=0.0)
-        KQ = None
-    codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K, FMT,
-                               MMA != 0)
-    Dr = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V) + offs_v[None, :],
-                   valid[:, None] & mrow[None, :], RING)
-    vv = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,
-                            other=0.0).to(tl.float32), RING)
-    o, d = _staged_rows(codes, sc, s2v, k, q, Dr, pco + (bidx * HV + h) * CW, vv, K, BV, RP,
-                        FMT, RING, KQ)
-    pos = rbase + n
-    tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
-    ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
-    ring_store(ring_v + (pos * HV + h) * V + offs_v, vv, mrow, RING)

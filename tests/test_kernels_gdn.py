@@ -515,38 +515,6 @@ def test_staggered_phases_staged_equals_fused() -> None:
     assert rel(res["staged"][2], res["fused"][2]) < 1e-6
 
 
-@pytest.mark.parametrize("read,out_bv", [(None, 16), ("fp8-e4m3", 32), ("nvfp4", 32)],
-                         ids=["fp32", "fp8", "nvfp4"])
-def test_persistent_output_launch_equals_tile_grid(read: str | None, out_bv: int) -> None:
-    """The output launch as persistent programs (two on the CPU, each looping over many
-    tiles of several rows) writes the tile grid's outputs and ring entries bit for bit,
-    with staggered phases: at every step some rows flush and their tiles must stay
-    untouched."""
-    B, L = 3, 3
-    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=5)
-    idx = torch.arange(B, dtype=torch.int32, device=DEV)
-    res = {}
-    for pps in (0, 1):
-        cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint="fp32", read=read,
-                               device=DEV, batch_hint=256, out_block_v=out_bv,
-                               out_programs_per_sm=pps, concurrent_flush=False)
-        assert cache.launch == "staged" and cache.out_mma == (read is not None)
-        cache.reset(state0(B))
-        stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
-        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx) for r in raws]
-        res[pps] = outs, cache.ring_d.clone(), cache.ring_v.clone(), cache.ckpt.codes.clone()
-    for a, b in zip(res[0][0], res[1][0], strict=True):
-        assert torch.equal(a, b)
-    for a, b in zip(res[0][1:], res[1][1:], strict=True):
-        assert torch.equal(a, b)
-
-
-def test_out_programs_per_sm_rejects_negative() -> None:
-    with pytest.raises(ValueError, match="out_programs_per_sm"):
-        GDNReplayCache(2, HK, HV, K, V, window=3, device=DEV, batch_hint=256,
-                       out_programs_per_sm=-1)
-
-
 def test_gdn_bench_times_staggered_phases() -> None:
     """The GDN benchmark's replay timer with staggered phases and the concurrent flush
     (off a GPU: the sequential launches, in the Triton interpreter) on a small shape:
