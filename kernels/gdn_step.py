@@ -21,7 +21,7 @@ from .tl_common import (
     ring_store,
     softplus,
 )
-from .tl_dots import bf16_rows_dot2, nvfp4_word_order, split_f16, tf32_hi
+from .tl_dots import nvfp4_word_order, split_f16, tf32_hi
 from .tl_formats import K_BF16_SR, K_FP16_SR, K_NONE, K_NVFP4
 
 
@@ -230,22 +230,14 @@ def _group_gates(a_ptr, b_ptr, A_log, dt_bias, bidx, hs, mj, HV: tl.constexpr):
 def _group_coefs(Kr, gr, q, k, valid):
     """A k-head group's ring products and decays from its ring k rows ``Kr`` (RP, K)
     and its heads' ring g ``gr`` (GP, RP), both zero where not ``valid``: ``k_i . k``,
-    ``k_i . q``, then :func:`_group_decays`."""
+    ``k_i . q``, ``k . q``, the weights ``w = e^{G - c_i}`` (GP, RP) and ``G`` (GP,)."""
     kk = tl.sum(Kr * k[None, :], axis=1)
     kq = tl.sum(Kr * q[None, :], axis=1)
-    kqs, w, Gs = _group_decays(gr, q, k, valid)
-    return kk, kq, kqs, w, Gs
-
-
-@triton.jit
-def _group_decays(gr, q, k, valid):
-    """``k . q``, the weights ``w = e^{G - c_i}`` (GP, RP) of a group's heads' ring g
-    ``gr`` (zero where not ``valid``) and ``G`` (GP,)."""
     kqs = tl.sum(k * q, axis=0)
     cum = tl.cumsum(gr, axis=1)
     Gs = tl.sum(gr, axis=1)
     w = tl.where(valid[None, :], tl.exp(Gs[:, None] - cum), 0.0)
-    return kqs, w, Gs
+    return kk, kq, kqs, w, Gs
 
 
 @triton.jit
@@ -284,7 +276,6 @@ def _prep_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
     EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
-    KK_MMA: tl.constexpr = 0,
 ):
     """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
@@ -326,19 +317,13 @@ def _prep_kernel(
     q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
     n = (clock // HK) % L
     valid = offs_r < n
-    if KK_MMA != 0:  # bf16 ring: k_i . k and k_i . q as one tensor-core product
-        Kb = ring_load_raw(kptr, valid[:, None] & live, RING).to(tl.bfloat16, bitcast=True)
-        gr = tl.load(gptr, mask=mj[:, None] & valid[None, :] & live, other=0.0)
-        kk, kq = bf16_rows_dot2(Kb, k, q, KK_MMA == 2)
-        kqs, w, Gs = _group_decays(gr, q, k, valid)
+    if EAGER:
+        Kr = tl.where(valid[:, None], ring_decode(Kraw, RING), 0.0)
+        gr = tl.where(valid[None, :], graw, 0.0)
     else:
-        if EAGER:
-            Kr = tl.where(valid[:, None], ring_decode(Kraw, RING), 0.0)
-            gr = tl.where(valid[None, :], graw, 0.0)
-        else:
-            Kr = ring_load(kptr, valid[:, None] & live, RING)
-            gr = tl.load(gptr, mask=mj[:, None] & valid[None, :] & live, other=0.0)
-        kk, kq, kqs, w, Gs = _group_coefs(Kr, gr, q, k, valid)
+        Kr = ring_load(kptr, valid[:, None] & live, RING)
+        gr = tl.load(gptr, mask=mj[:, None] & valid[None, :] & live, other=0.0)
+    kk, kq, kqs, w, Gs = _group_coefs(Kr, gr, q, k, valid)
     ok = live & (n != L - 1)
     pos = rbase + n
     _group_append(ring_k, ring_kk, ring_g, ring_b, pos, hk, hs, mj, k, kk, g, beta, valid, ok,

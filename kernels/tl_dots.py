@@ -68,44 +68,6 @@ def dot_fp32(a, b, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr, acc=None):
     return r
 
 
-@triton.jit
-def split_bf16x3(x):
-    """``(hi, mid, lo)`` bfloat16 with ``hi + mid + lo = x`` exactly (float32 ``x``):
-    each part is the remainder so far truncated to bfloat16's 8 significant bits, and
-    after two of them at most 8 are left."""
-    hi = (x.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
-    r = x - hi
-    mid = (r.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
-    return hi.to(tl.bfloat16), mid.to(tl.bfloat16), (r - mid).to(tl.bfloat16)
-
-
-@triton.jit
-def bf16_rows_dot2(A, x, y, FP32: tl.constexpr = False):
-    """``(A @ x, A @ y)`` (float32) of a (M, N) bfloat16 tile ``A`` and two float32
-    (N,) vectors to ~fp32 accuracy as one tensor-core product: x and y enter as their
-    :func:`split_bf16x3` parts (exact products, fp32 accumulation), columns of one
-    (N, 16) operand, and each result sums its parts' columns.  FP32: the same product
-    of the same parts in float32 FMAs (the Triton interpreter's bfloat16 products are
-    wrong)."""
-    x1, x2, x3 = split_bf16x3(x)
-    y1, y2, y3 = split_bf16x3(y)
-    z = tl.zeros_like(x1)
-    n: tl.constexpr = x.shape[0]
-    X4 = tl.reshape(tl.join(tl.join(x3, x2), tl.join(x1, z)), (n, 4))
-    Y4 = tl.reshape(tl.join(tl.join(y3, y2), tl.join(y1, z)), (n, 4))
-    # a join's new axis is minor: X4's columns go to the even columns of B8, Y4's to the
-    # odd ones, and B8's column m to column 2 m of B (the odd ones zero)
-    B8 = tl.reshape(tl.join(X4, Y4), (n, 8))
-    B = tl.reshape(tl.join(B8, tl.zeros_like(B8)), (n, 16))
-    if FP32:
-        P = tl.dot(A.to(tl.float32), B.to(tl.float32), input_precision="ieee")
-    else:
-        P = tl.dot(A, B, out_dtype=tl.float32)
-    c = tl.arange(0, 16)[None, :]
-    return (tl.sum(tl.where(c % 4 == 0, P, 0.0), axis=1),
-            tl.sum(tl.where(c % 4 == 2, P, 0.0), axis=1))
-
-
 F16_SPLIT_SCALE = tl.constexpr(4096.0)
 """Scale of :func:`split_f16`'s parts: vectors of magnitude <= 1 (normalised q and k)
 keep both parts clear of fp16's subnormals (below 2**-14) down to ~1e-8 and below

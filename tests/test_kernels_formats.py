@@ -22,11 +22,9 @@ from precisionlab.kernels.state import StateStore  # noqa: E402
 from precisionlab.kernels.tl_dots import (  # noqa: E402
     F16_SPLIT_SCALE,
     NVFP4_WORD_SCALE,
-    bf16_rows_dot2,
     fp8_tile_dot,
     nvfp4_word_dot,
     nvfp4_word_order,
-    split_bf16x3,
     split_f16,
 )
 from precisionlab.kernels.tl_formats import FORMAT_IDS, K_FP8, K_NVFP4, div_shared  # noqa: E402
@@ -256,46 +254,6 @@ def _rows_dot_kernel(data, s1, s2, c_ptr, o_ptr, FMT: tl.constexpr, BT: tl.const
     else:
         P = nvfp4_word_dot(codes, sc, CC, BT, N) * (s2v * (NVFP4_WORD_SCALE / F16_SPLIT_SCALE))
     tl.store(o_ptr + rows, tl.sum(tl.where(cc < 2, P, 0.0), axis=1))
-
-
-@triton.jit
-def _bf16_rows_kernel(a_ptr, x_ptr, y_ptr, o_ptr, p_ptr, M: tl.constexpr, N: tl.constexpr,
-                      FP32: tl.constexpr):
-    m = tl.arange(0, M)
-    n = tl.arange(0, N)
-    A = tl.load(a_ptr + m[:, None] * N + n[None, :]).to(tl.bfloat16, bitcast=True)
-    x = tl.load(x_ptr + n)
-    ax, ay = bf16_rows_dot2(A, x, tl.load(y_ptr + n), FP32)
-    tl.store(o_ptr + m, ax)
-    tl.store(o_ptr + M + m, ay)
-    x1, x2, x3 = split_bf16x3(x)
-    tl.store(p_ptr + n, x1.to(tl.float32))
-    tl.store(p_ptr + N + n, x2.to(tl.float32))
-    tl.store(p_ptr + 2 * N + n, x3.to(tl.float32))
-
-
-def test_bf16_three_part_row_sums_are_fp32_accurate() -> None:
-    """The GDN prep launch's ring products: a bf16 tile times two fp32 vectors (every
-    mantissa bit set, wide magnitudes) split into three bf16 parts that sum to them
-    exactly, one tensor-core product (in the interpreter the same parts in fp32): within
-    2**-21 of float64 sums (dropping the last part would give ~2**-16)."""
-    gen = torch.Generator().manual_seed(5)
-    M, N = 16, 64
-    A = (torch.randn(M, N, generator=gen) * torch.logspace(-2, 1, N)).to(torch.bfloat16)
-    bits = torch.randint(0, 2**23, (2, N), generator=gen, dtype=torch.int32) | 0x3F8FFFFF
-    xy = bits.view(torch.float32) * torch.logspace(-5, 0, N) * torch.where(
-        torch.rand(2, N, generator=gen) < 0.5, -1.0, 1.0)
-    o = torch.empty(2 * M, device=DEVICE)
-    parts = torch.empty(3 * N, device=DEVICE)
-    _bf16_rows_kernel[(1,)](A.view(torch.int16).to(DEVICE), xy[0].to(DEVICE),
-                            xy[1].to(DEVICE), o, parts, M, N, DEVICE == "cpu", num_warps=1)
-    p = parts.cpu().reshape(3, N)
-    assert torch.equal(p.sum(0), xy[0]) and (p[2] != 0).any()
-    assert torch.equal(p.to(torch.bfloat16).float(), p)
-    ref = A.double() @ xy.double().T  # (M, 2)
-    err = (o.cpu().double().reshape(2, M).T - ref).abs() / (A.double().abs()
-                                                            @ xy.double().abs().T)
-    assert float(err.max()) < 2**-21, float(err.max())
 
 
 @pytest.mark.parametrize("fmt", ["fp8-e4m3", "nvfp4"])

@@ -360,29 +360,6 @@ def test_large_batch_launch(design) -> None:
     check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
-@pytest.mark.parametrize("design", [shared("fp32", 4), split("fp32", "fp8-e4m3", 4)],
-                         ids=lambda d: d.label)
-def test_prep_ring_products_on_tensor_cores(design) -> None:
-    """The staged prep launch's ring products ``k_i . k``, ``k_i . q`` as one bf16
-    tensor-core product of the ring's k rows with k's and q's exact three-part splits
-    (``prep_mma``; in the interpreter the same parts in fp32): the design still matches
-    the torch runner and ``formats/``, and the products equal the CUDA-core ones to fp32
-    accuracy (ring_kk is what the flush's triangular system reads)."""
-    check_replay(design, 2 * design.window + 1, batch_hint=256, prep_mma=True)
-    kind, params, raws = setup(steps=design.window - 1, batch=2, seed=3)
-    idx = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
-    kks = {}
-    for mma in (False, True):
-        cache = GDNReplayCache(2, HK, HV, K, V, window=design.window, batch_hint=256,
-                               checkpoint="fp32", device=DEV, prep_mma=mma)
-        cache.reset(state0(2))
-        for raw in raws:
-            cache.step(*args(raw), params.A_log, params.dt_bias, idx)
-        kks[mma] = cache.ring_kk.clone()
-    assert kks[False].abs().max() > 0.1
-    assert rel(kks[True], kks[False]) < 1e-6
-
-
 @pytest.mark.parametrize("read,bv", [("nvfp4", 32)])
 def test_split_launch_equals_fused(read: str, bv: int) -> None:
     """Flush launch + output launch (its own, smaller block) = the one fused launch."""
