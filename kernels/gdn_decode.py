@@ -245,7 +245,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, flush_ring_ahead=False, prep_heads_per_program=1)
+                    out_mma=False, flush_ring_ahead=False)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -275,7 +275,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                flush_ring_ahead=not whole, prep_heads_per_program=1)
+                flush_ring_ahead=not whole)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -446,7 +446,7 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None,
-        flush_ring_ahead: bool | None = None, prep_heads_per_program: int | None = None,
+        flush_ring_ahead: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -480,7 +480,7 @@ class GDNReplayCache:
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
                      out_mma=out_mma, flush_ring_ahead=flush_ring_ahead,
-                     prep_heads_per_program=prep_heads_per_program, verify_block_v=verify_block_v,
+                     verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
             cfg["out_tiles_per_program"] = 1
@@ -514,10 +514,6 @@ class GDNReplayCache:
         self.hw_fp8 = bool(cfg["hw_fp8"])
         self.out_mma = bool(cfg["out_mma"])
         self.flush_ring_ahead = bool(cfg["flush_ring_ahead"])
-        self.prep_hpp = int(cfg["prep_heads_per_program"])
-        if self.prep_hpp < 1 or k_heads % self.prep_hpp:
-            raise ValueError(f"prep_heads_per_program must divide k_heads ({k_heads}), got "
-                             f"{self.prep_hpp}")
         out_fmt = read if read is not None else checkpoint
         if self.out_mma and (self.launch != "staged" or out_fmt not in _MMA_KINDS):
             raise ValueError(f"out_mma needs the staged launch and a copy to read in "
@@ -751,12 +747,11 @@ class GDNReplayCache:
         pqk, pco, pn = self._scratch
         if self._mma == 1:
             pqk = pqk.view(torch.float16)
-        self.compiled["prep"] = _prep_kernel[(self.HK // self.prep_hpp, B)](
+        self.compiled["prep"] = _prep_kernel[(self.HK, B)](
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
             self.R, self.RP, self.CW, _pow2_at_least(self.HV // self.HK, 1), self.ring_id,
-            self.eager, CONC=concurrent, MMA=self._mma, HPP=self.prep_hpp,
-            num_warps=self.prep_num_warps,
+            self.eager, CONC=concurrent, MMA=self._mma, num_warps=self.prep_num_warps,
             maxnreg=self.prep_maxnreg,
         )
 

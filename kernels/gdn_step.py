@@ -276,12 +276,9 @@ def _prep_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
     EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
-    HPP: tl.constexpr = 1,
 ):
-    """Staged launch, first of the output step: one program per HPP k-heads of a batch
-    row (``(HK // HPP, B)``; each k-head's work is independent, so HPP > 1 gives one
-    program ILP over several).
-    Reads the slot's clock (and advances it by HPP: HK ticks per slot), prepares q and k,
+    """Staged launch, first of the output step: one program per (k-head, batch row).
+    Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
     and computes the ring products ``k_i . k``, ``k_i . q`` once per k-head; for the
     group's value heads (a ``(GP, RP)`` tile, one row per head) the gates, the decay
     weights ``w_i = e^{G - c_i}`` and the output launch's coefficients ``w_i k_i . k``,
@@ -298,30 +295,15 @@ def _prep_kernel(
     as two parts each (rows k hi, k lo, q hi, q lo): MMA 1 (fp8, nvfp4 copies) float16
     :func:`tl_dots.split_f16` parts, MMA 2 (fp32) float32 tf32 heads and remainders;
     MMA 0 their float32 values (q, k)."""
+    hk = tl.program_id(0)
     bidx = tl.program_id(1)
-    slot = tl.load(state_idx + bidx)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    for j in tl.static_range(HPP):
-        _prep_group(tl.program_id(0) * HPP + j, bidx, slot64, live, q_ptr, k_ptr, a_ptr, b_ptr,
-                    A_log, dt_bias, ring_k, ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, HK,
-                    HV, K, L, R, RP, CW, GP, RING, EAGER, MMA)
-    if not CONC:
-        tl.debug_barrier()  # every warp has read the clock: now advance it
-        tl.atomic_add(tickets + slot64, HPP, mask=live, sem="relaxed")
-
-
-@triton.jit
-def _prep_group(hk, bidx, slot64, live, q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, ring_k,
-                ring_g, ring_b, ring_kk, tickets, pqk, pco, pn, HK: tl.constexpr,
-                HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
-                RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
-                EAGER: tl.constexpr, MMA: tl.constexpr):
-    """The prep launch's work for k-head ``hk`` of batch row ``bidx`` (:func:`_prep_kernel`)."""
     GRP: tl.constexpr = HV // HK
     offs_k = tl.arange(0, K)
     offs_r = tl.arange(0, RP)
     offs_j = tl.arange(0, GP)
+    slot = tl.load(state_idx + bidx)
+    live = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
     rbase = slot64 * R
     mj = offs_j < GRP
     hs = hk * GRP + offs_j  # the group's value heads
@@ -367,6 +349,9 @@ def _prep_group(hk, bidx, slot64, live, q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bi
     tl.store(cb + 2 * RP + 2, beta, mask=mo)
     tl.store(cb + 2 * RP + 3, tl.zeros_like(beta) + kqs, mask=mo)
     tl.store(pn + bidx, tl.where(ok, n, -1), mask=hk == 0)
+    if not CONC:
+        tl.debug_barrier()  # every warp has read the clock: now advance it
+        tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")
 
 
 @triton.jit

@@ -360,22 +360,6 @@ def test_large_batch_launch(design) -> None:
     check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
-@pytest.mark.parametrize("design", [shared("fp32", 4), split("fp32", "fp8-e4m3", 4)],
-                         ids=lambda d: d.label)
-def test_prep_programs_of_several_k_heads(design) -> None:
-    """Staged prep programs that each prepare several k-heads of a row (their clock
-    ticks summed): the design still matches the torch runner and formats/, and the
-    clocks advance by one step per step (``check_replay``)."""
-    check_replay(design, 2 * design.window + 1, batch_hint=256, prep_heads_per_program=HK)
-
-
-@pytest.mark.parametrize("hpp", [0, 3])
-def test_prep_heads_per_program_must_divide_k_heads(hpp: int) -> None:
-    with pytest.raises(ValueError, match="prep_heads_per_program"):
-        GDNReplayCache(2, HK, HV, K, V, window=3, device=DEV, batch_hint=256,
-                       prep_heads_per_program=hpp)
-
-
 @pytest.mark.parametrize("read,bv", [("nvfp4", 32)])
 def test_split_launch_equals_fused(read: str, bv: int) -> None:
     """Flush launch + output launch (its own, smaller block) = the one fused launch."""
