@@ -245,7 +245,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, flush_ring_ahead=False, out_prefetch=0)
+                    out_mma=False, flush_ring_ahead=False)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -275,7 +275,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                flush_ring_ahead=not whole, out_prefetch=0)
+                flush_ring_ahead=not whole)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -446,7 +446,7 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None,
-        flush_ring_ahead: bool | None = None, out_prefetch: int | None = None,
+        flush_ring_ahead: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -480,7 +480,7 @@ class GDNReplayCache:
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
                      out_mma=out_mma, flush_ring_ahead=flush_ring_ahead,
-                     out_prefetch=out_prefetch, verify_block_v=verify_block_v,
+                     verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
             cfg["out_tiles_per_program"] = 1
@@ -508,10 +508,8 @@ class GDNReplayCache:
         self.fast_encode = bool(cfg["fast_encode"])
         self.concurrent_flush = bool(cfg["concurrent_flush"])
         self.flush_prefetch = int(cfg["flush_prefetch"])
-        self.out_prefetch = int(cfg["out_prefetch"])
-        for name in ("flush_prefetch", "out_prefetch"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.flush_prefetch < 0:
+            raise ValueError(f"flush_prefetch must be >= 0, got {self.flush_prefetch}")
         self.flush_tma = bool(cfg["flush_tma"])
         self.hw_fp8 = bool(cfg["hw_fp8"])
         self.out_mma = bool(cfg["out_mma"])
@@ -767,8 +765,7 @@ class GDNReplayCache:
         self.compiled["out"] = _out_kernel[(self.HV * (self.V // bv) // tpp, B)](
             v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
             self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.R, self.RP, self.CW,
-            r.fmt_id, self.ring_id, self._mma,
-            PFO=self.out_prefetch if compiled_on(v.device) else 0, num_warps=self.out_num_warps,
+            r.fmt_id, self.ring_id, self._mma, num_warps=self.out_num_warps,
             maxnreg=self.out_maxnreg,
         )
 

@@ -13,7 +13,6 @@ from .gdn_device import _delta, _gates, _load, _prep_qk, _row_head, _staged_rows
 from .gdn_extra import load_tile, tile_dots
 from .gdn_flush import _flush_rows
 from .tl_common import (
-    K_RING_FP32,
     finish_slot,
     ring_decode,
     ring_load,
@@ -23,8 +22,7 @@ from .tl_common import (
     softplus,
 )
 from .tl_dots import nvfp4_word_order, split_f16, tf32_hi
-from .tl_formats import K_BF16_SR, K_FP8, K_FP16_SR, K_FP32, K_MXFP4, K_NONE, K_NVFP4
-from .tl_prefetch import l2_prefetch_bytes, l2_prefetch_lines
+from .tl_formats import K_BF16_SR, K_FP16_SR, K_NONE, K_NVFP4
 
 
 @triton.jit
@@ -361,7 +359,7 @@ def _out_kernel(
     v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     TPP: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
-    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0, PFO: tl.constexpr = 0,
+    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0,
 ):
     """Staged launch, second of the output step.  Grid ``(HV * (V // BV) // TPP, B)``:
     TPP tiles of BV rows (one k-head group) of the stored copy.  Everything a tile
@@ -373,19 +371,11 @@ def _out_kernel(
     (flushing or padding) return after that load: at a flush step of the whole batch
     the launch costs next to nothing (a masked body took 65-85 us on an H200).  MMA
     (fp8, nvfp4 or fp32 copies): a tile's row sums are tensor-core products with the split k
-    and q the prep launch left in ``pqk`` (:func:`_staged_rows`).  PFO > 0 (compiled
-    code only): a program ends by asking the L2 for what the program PFO launches later
-    will load (:func:`_prefetch_out`), so that program finds its rows in L2."""
+    and q the prep launch left in ``pqk`` (:func:`_staged_rows`)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
     GRP: tl.constexpr = HV // HK
-    if PFO > 0:  # the program PFO launches later: its row's slot and position now
-        npg = tl.num_programs(0)
-        tgt = pid + bidx * npg + PFO
-        b_t = tl.minimum(tgt // npg, tl.num_programs(1) - 1)
-        slot_t = tl.load(state_idx + b_t)
-        n_t = tl.load(pn + b_t)
     tau0 = pid * TPP
     hk = tau0 // (GRP * NVB)
     slot = tl.load(state_idx + bidx)
@@ -427,51 +417,3 @@ def _out_kernel(
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
-    if PFO > 0:
-        if (tgt // npg < tl.num_programs(1)) & (n_t >= 0):
-            _prefetch_out(r_data, r_s1, ring_d, tl.maximum(slot_t, 0).to(tl.int64),
-                          (tgt % npg) * TPP, n_t, HV, K, V, BV, TPP, R, RP, FMT, RING)
-
-
-@triton.jit
-def _prefetch_out(r_data, r_s1, ring_d, slot64, tau0, n, HV: tl.constexpr, K: tl.constexpr,
-                  V: tl.constexpr, BV: tl.constexpr, TPP: tl.constexpr, R: tl.constexpr,
-                  RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr):
-    """L2 prefetch of what the output program of tiles ``tau0 ..`` (TPP of BV rows) of
-    ``slot64`` loads: its stored rows (consecutive in the copy: one bulk prefetch of
-    their codes), their scales, and their ring d entries before ``n``."""
-    u8: tl.constexpr = tl.pointer_type(tl.uint8)
-    ROWS: tl.constexpr = BV * TPP
-    row_s = tau0 * BV  # the first row within the slot's (HV * V) rows
-    row0 = slot64 * (HV * V) + row_s
-    if (FMT == K_NVFP4) or (FMT == K_MXFP4):
-        ROWB: tl.constexpr = K // 2
-    elif FMT == K_FP8:
-        ROWB: tl.constexpr = K
-    elif FMT == K_FP32:
-        ROWB: tl.constexpr = 4 * K
-    else:
-        ROWB: tl.constexpr = 2 * K
-    l2_prefetch_bytes(r_data.to(u8) + row0 * ROWB, ROWS * ROWB)
-    if FMT == K_FP8:
-        SB: tl.constexpr = 4
-    elif FMT == K_NVFP4:
-        SB: tl.constexpr = K // 16
-    elif FMT == K_MXFP4:
-        SB: tl.constexpr = K // 32
-    else:
-        SB: tl.constexpr = 0
-    if SB > 0:
-        NL: tl.constexpr = (ROWS * SB + 127) // 128
-        l2_prefetch_lines(r_s1.to(u8) + row0 * SB + tl.minimum(tl.arange(0, NL) * 128,
-                                                                  ROWS * SB - 1))
-    if RING == K_RING_FP32:
-        DB: tl.constexpr = 4
-    else:
-        DB: tl.constexpr = 2
-    offs_r = tl.arange(0, RP)
-    ent = tl.where(offs_r < n, offs_r, 0)
-    NDL: tl.constexpr = (ROWS * DB + 127) // 128
-    rows = (ring_d + (slot64 * R + ent[:, None]) * (HV * V) + row_s).to(u8)
-    l2_prefetch_lines(rows + tl.minimum(tl.arange(0, NDL) * 128, ROWS * DB - 1)[None, :])
-
