@@ -563,10 +563,11 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     807; the replay fp32 flush lost, 606 -> 624-654, and so did nvfp4's, 1562 ->
     1628-1755); nvfp4 flushes in 4-warp programs of one stage (their units fold once
     into a scratch and encode from it), 4 per SM, capped at 128 registers (1- or 2-warp
-    ones took 1.2-1.4x as long), whose units are claimed from a counter (``flush_grid``
-    "dynamic"; nineteenth H200 run, flush us: nvfp4 1501-1510 -> 1459-1462 on nano-4b,
-    1638-1640 -> 1599-1600 on super-120b; fp32 and fp8 flushes within 1% on nano-4b, so
-    they keep the persistent grid)."""
+    ones took 1.2-1.4x as long).  nvfp4 and 1-byte copies' flush units are claimed from
+    a counter (``flush_grid`` "dynamic"; nineteenth H200 run, flush us: nvfp4 1501-1510
+    -> 1459-1462 on nano-4b, 1638-1640 -> 1599-1600 on super-120b, fp8 701 -> 703 and
+    771 -> 741; twentieth, fp8 733 / 733 -> 700 and 792 / 795 -> 745); fp32 and 16-bit
+    copies keep the persistent grid (replay fp32 within 1%)."""
     hpg = H // G
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
@@ -598,6 +599,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     npb = triton.cdiv(P, bp)
     nw = cfg.num_warps or (1 if kind == "heads" else 4)
     narrow = _BYTES_BY_ID[rd_id] <= 1  # 1-byte and 4-bit copies
+    one_byte = _BYTES_BY_ID[rd_id] == 1
     want = 1 if (kind == "heads" and narrow) else 4
     hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0 and d <= want)
                                     if kind != "tiles" else 1)
@@ -647,7 +649,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),
                    out_loads_first=loads_first, flush_tma=tma,
-                   flush_grid=cfg.flush_grid or ("dynamic" if need_amax else "persistent"),
+                   flush_grid=cfg.flush_grid or ("dynamic" if need_amax or one_byte
+                                                 else "persistent"),
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
                                    else int(fw == 1 and narrow and not need_amax)),

@@ -866,6 +866,22 @@ def test_dynamic_flush_grid_changes_no_bit(ck, rd) -> None:
     assert_runs_same_bits(res)
 
 
+@pytest.mark.parametrize("ck,rd,grid", [("fp32", None, "persistent"),
+                                         ("fp16-sr", None, "persistent"),
+                                         ("fp32", "fp8-e4m3", "dynamic"),
+                                         ("fp16-sr", "nvfp4", "dynamic")])
+def test_default_flush_grid_by_copy(ck: str, rd: str | None, grid: str) -> None:
+    """The split step's default flush grid: units claimed from a counter where the
+    flush writes an nvfp4 or 1-byte copy, every G-th unit otherwise (model shapes)."""
+    from precisionlab.kernels.mamba2_step import _split_defaults
+    from precisionlab.kernels.tl_formats import format_id
+
+    for Hm, Pm in ((96, 80), (128, 64)):
+        cfg = _split_defaults(SplitConfig(), Pm, 128, Hm, 8, format_id(rd or ck),
+                              "nvfp4" in (ck, rd))
+        assert cfg.flush_grid == grid
+
+
 @pytest.mark.parametrize("ck,headdim", [("fp32", 24), ("fp8-e4m3", 32), ("nvfp4", 32)])
 def test_flush_tma_rejects_what_it_cannot_load(ck, headdim) -> None:
     """``flush_tma`` takes dense checkpoints whose heads split into whole flush chunks."""
