@@ -141,8 +141,8 @@ class SplitConfig:
     step on an H200.)  ``flush_grid``: "persistent" (every flush program takes every
     G-th unit) or "dynamic" (the programs claim their units one at a time from a
     counter, so programs that start late or run slow take fewer; the chunks prefetched
-    ahead then stop at a unit's end); None = "dynamic" for nvfp4 copies, else
-    "persistent" (see :func:`_split_defaults`).
+    ahead then stop at a unit's end); None = "dynamic" for nvfp4 and 1-byte copies,
+    else "persistent" (see :func:`_split_defaults`).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
