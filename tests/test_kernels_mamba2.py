@@ -24,6 +24,7 @@ from precisionlab.kernels.mamba2_step import (  # noqa: E402
     HeadParams,
     Mamba2Cache,
     SplitConfig,
+    _split_defaults,
     mamba2_conventional_step,
     mamba2_step,
 )
@@ -32,6 +33,7 @@ from precisionlab.kernels.tl_formats import (  # noqa: E402  # noqa: E402
     K_NVFP4,
     e2m1_code,
     e2m1_code_fast,
+    format_id,
     nvfp4_encode_fast,
     store_codes,
     tile_offsets,
@@ -873,9 +875,6 @@ def test_dynamic_flush_grid_changes_no_bit(ck, rd) -> None:
 def test_default_flush_grid_by_copy(ck: str, rd: str | None, grid: str) -> None:
     """The split step's default flush grid: units claimed from a counter where the
     flush writes an nvfp4 or 1-byte copy, every G-th unit otherwise (model shapes)."""
-    from precisionlab.kernels.mamba2_step import _split_defaults
-    from precisionlab.kernels.tl_formats import format_id
-
     for Hm, Pm in ((96, 80), (128, 64)):
         cfg = _split_defaults(SplitConfig(), Pm, 128, Hm, 8, format_id(rd or ck),
                               "nvfp4" in (ck, rd))
