@@ -245,7 +245,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, flush_ring_ahead=False)
+                    out_mma=False, flush_ring_ahead=False, flush_evict=False)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -275,7 +275,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if whole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                flush_ring_ahead=not whole)
+                flush_ring_ahead=not whole, flush_evict=False)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -446,7 +446,7 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None,
-        flush_ring_ahead: bool | None = None,
+        flush_ring_ahead: bool | None = None, flush_evict: bool | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -480,7 +480,7 @@ class GDNReplayCache:
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
                      out_mma=out_mma, flush_ring_ahead=flush_ring_ahead,
-                     verify_block_v=verify_block_v,
+                     flush_evict=flush_evict, verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
             cfg["out_tiles_per_program"] = 1
@@ -514,6 +514,7 @@ class GDNReplayCache:
         self.hw_fp8 = bool(cfg["hw_fp8"])
         self.out_mma = bool(cfg["out_mma"])
         self.flush_ring_ahead = bool(cfg["flush_ring_ahead"])
+        self.flush_evict = bool(cfg["flush_evict"])
         out_fmt = read if read is not None else checkpoint
         if self.out_mma and (self.launch != "staged" or out_fmt not in _MMA_KINDS):
             raise ValueError(f"out_mma needs the staged launch and a copy to read in "
@@ -809,8 +810,8 @@ class GDNReplayCache:
             self.flush_prefetch if compiled_on(q.device) else 0,
             self.ckpt.rows_descriptor(self.FB) if self.flush_tma else None, self.flush_tma,
             self.hw_fp8 and compiled_on(q.device), self.num_warps == 1, self._flush_work,
-            self.flush_grid == "dynamic", self.flush_ring_ahead, num_warps=self.num_warps,
-            maxnreg=self.maxnreg,
+            self.flush_grid == "dynamic", self.flush_ring_ahead, self.flush_evict,
+            num_warps=self.num_warps, maxnreg=self.maxnreg,
         )
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:

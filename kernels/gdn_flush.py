@@ -125,7 +125,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
                 TMA: tl.constexpr = False, HW: tl.constexpr = False,
                 SUBST: tl.constexpr = False, sync=None, PARTS: tl.constexpr = 0,
-                VPRE: tl.constexpr = False):
+                VPRE: tl.constexpr = False, EVICT: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -153,7 +153,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     folds and writes its rows as the SCRATCH pass does and posts its amax, and the last
     one to post encodes the nvfp4 copies of all V rows (:func:`_encode_posted`).  VPRE:
     a chunk's ring v rows are loaded while the chunk before it folds (the single-pass
-    chunk loop)."""
+    chunk loop).  EVICT: the checkpoint's and read copy's final stores evict first from
+    L2 (:func:`_write_rows`; not the scratch rows, which the second pass reads)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -206,7 +207,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             tl.store(scr + (offs_v - v0)[:, None] * K + offs_k[None, :], Sn)
             _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, not C4,
-                        not F4, FAST, HW)
+                        not F4, FAST, HW, EVICT=EVICT)
         if PARTS > 0:  # the last of the matrix's programs encodes all its rows
             _encode_posted(sync, amax, scr - v0 * K, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
                            mat, seed, t, K, V, FB, FNS, PARTS, C_FMT, F_FMT, FAST)
@@ -217,7 +218,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 Sn = tl.load(scr + (offs_v - v0)[:, None] * K + offs_k[None, :])
                 _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row,
                             mat, offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, False, False, C4,
-                            F4, FAST)
+                            F4, FAST, EVICT=EVICT)
     elif NC == 1:
         offs_v = v0 + tl.arange(0, FB)
         Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n,
@@ -227,7 +228,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             amax = matrix_amax(Sn)
         _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                     offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST,
-                    HW, ck_desc, TMA, v0)
+                    HW, ck_desc, TMA, v0, EVICT)
     else:
         if AMAX:  # first pass: the matrix amax only (the second reads L2-hot data)
             for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
@@ -254,7 +255,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                              STEP, DOT, ck_desc, TMA, v0 + c * FB, v_raw)
             _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True,
-                        FAST, HW, ck_desc, TMA, v0 + c * FB)
+                        FAST, HW, ck_desc, TMA, v0 + c * FB, EVICT)
 
 
 @triton.jit
@@ -282,13 +283,14 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, STEP: tl.constexpr,
                 FRESH: tl.constexpr, W_C: tl.constexpr = True, W_F: tl.constexpr = True,
                 FAST: tl.constexpr = False, HW: tl.constexpr = False, ck_desc=None,
-                TMA: tl.constexpr = False, row0=0):
+                TMA: tl.constexpr = False, row0=0, EVICT: tl.constexpr = False):
     """Store fresh rows: the fp32 state (FRESH), the checkpoint (W_C; SR seed), the read
     copy (W_F; seed + 1) and, for a step flush, the step's output ``S q``.  HW (compiled
     code only): an fp8 read copy by the hardware conversion
     (``tl_formats.fp8_encode_hw``, the same bits).  TMA with an fp32 checkpoint: the
     rows go out through the tensor descriptor ``ck_desc`` (a bulk store from shared
-    memory; ``row0``: the first of ``offs_v``)."""
+    memory; ``row0``: the first of ``offs_v``).  EVICT: the checkpoint's and read copy's
+    plain stores evict first from L2 (they are not read again in the flush)."""
     mrow = offs_v < V
     if FRESH:
         offs_k = tl.arange(0, K)
@@ -297,13 +299,14 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
         ck_desc.store([(mat * V + row0).to(tl.int32), 0], Sn)
     elif W_C:
         store_state_with(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT,
-                         FB, K, FAST)
+                         FB, K, FAST, EVICT)
     if W_F and HW and (F_FMT == K_FP8):
         codes, s1 = fp8_encode_hw(Sn)
-        store_codes(f_data, f_s1, f_s2, codes, s1, 0.0, mat, offs_v, mrow, V, F_FMT, FB, K)
+        store_codes(f_data, f_s1, f_s2, codes, s1, 0.0, mat, offs_v, mrow, V, F_FMT, FB, K,
+                    EVICT)
     elif W_F and (F_FMT != K_NONE):
         store_state_with(f_data, f_s1, f_s2, Sn, mat, offs_v, mrow, V, seed + 1, t, amax,
-                         F_FMT, FB, K, FAST)
+                         F_FMT, FB, K, FAST, EVICT)
     if STEP:
         tl.store(out_row + offs_v, tl.sum(Sn * q[None, :], axis=1))
 
@@ -319,7 +322,8 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                 COMMIT: tl.constexpr, DOT: tl.constexpr, NOLICM: tl.constexpr,
                 SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0,
                 ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
-                SUBST: tl.constexpr = False, VPRE: tl.constexpr = False):
+                SUBST: tl.constexpr = False, VPRE: tl.constexpr = False,
+                EVICT: tl.constexpr = False):
     """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
     hk = h // (HV // HK)
     mat = slot.to(tl.int64) * HV + h
@@ -329,7 +333,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     ring_b, ring_kk, v_ptr, out, rbase, h, hk, mat, part * BVF, n, 0.0, 0.0,
                     0.0, 0.0, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW, SUBST, VPRE=VPRE)
+                    HW, SUBST, VPRE=VPRE, EVICT=EVICT)
     else:
         q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
                                 K, RING)
@@ -339,7 +343,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                     beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW, SUBST, VPRE=VPRE)
+                    HW, SUBST, VPRE=VPRE, EVICT=EVICT)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
@@ -355,7 +359,7 @@ def _flush_kernel(
     UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
     PF: tl.constexpr = 0, ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
     SUBST: tl.constexpr = False, work=None, CLAIM: tl.constexpr = False,
-    VPRE: tl.constexpr = False,
+    VPRE: tl.constexpr = False, EVICT: tl.constexpr = False,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -376,7 +380,8 @@ def _flush_kernel(
     ``work[0]`` instead of taking every G-th one, so programs that start late or run
     slow take fewer units; ``work[1]`` counts the programs done, and the last one
     clears both words for the next flush (``tl_common.first_unit`` / ``next_unit`` /
-    ``units_done``)."""
+    ``units_done``).  EVICT: the checkpoint's and read copy's stores evict first from
+    L2."""
     NU: tl.constexpr = V // BVF
     if UNITS:
         u = tl.program_id(0)
@@ -402,7 +407,7 @@ def _flush_kernel(
                         fresh, scr + (sl0.to(tl.int64) * (HV * NU) + u) * (BVF * K), seed,
                         bidx, sl0, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP, LOG2RP,
                         C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST, PF,
-                        ck_desc, TMA, HW, SUBST, VPRE)
+                        ck_desc, TMA, HW, SUBST, VPRE, EVICT)
     else:
         pid = tl.program_id(0)
         G = tl.num_programs(0)
@@ -441,7 +446,7 @@ def _flush_kernel(
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
                         scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
                         LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST,
-                        PF, ck_desc, TMA, HW, SUBST, VPRE)
+                        PF, ck_desc, TMA, HW, SUBST, VPRE, EVICT)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
             u = next_unit(u, G, work, CLAIM)

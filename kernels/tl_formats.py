@@ -748,8 +748,9 @@ def store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step
 @triton.jit
 def store_state_with(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
                      amax_mat, FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
-                     FAST: tl.constexpr):
-    """:func:`store_state` with the encoders of :func:`encode_tile_with` (``FAST``)."""
+                     FAST: tl.constexpr, EVICT: tl.constexpr = False):
+    """:func:`store_state` with the encoders of :func:`encode_tile_with` (``FAST``;
+    ``EVICT``: the stores evict first from L2)."""
     if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
         index = element_index(mat, offs_p, P, N)
         key = sr_key(seed, step)
@@ -758,5 +759,5 @@ def store_state_with(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed,
         key = 0
     codes, s1, s2 = encode_tile_with(S, FMT, index, key, amax_mat, BLOCK_P, N, FAST)
     store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
-                FMT, BLOCK_P, N)
+                FMT, BLOCK_P, N, EVICT)
     return tl.where(mask_p[:, None], decode_tile(codes, s1, s2, FMT, BLOCK_P, N), 0.0)

@@ -580,12 +580,16 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     ("fp32", "fp8-e4m3", {"flush_grid": "dynamic"}),
     ("fp16-sr", "nvfp4", {"flush_grid": "dynamic"}),
     ("fp32", "fp8-e4m3", {"flush_ring_ahead": True}),
-    ("fp32", None, {"flush_grid": "dynamic", "flush_ring_ahead": True})],
-    ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32"])
+    ("fp32", None, {"flush_grid": "dynamic", "flush_ring_ahead": True}),
+    ("fp32", "fp8-e4m3", {"flush_evict": True}),
+    ("fp16-sr", "nvfp4", {"flush_evict": True})],
+    ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32",
+         "evict-fp8", "evict-nvfp4"])
 def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict) -> None:
     """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
     fewer programs than units) and chunk loops that load the ring v rows a chunk ahead
-    (``flush_ring_ahead``) write the persistent grid's bits and outputs over two
+    (``flush_ring_ahead``) or store the copies evicting first from L2
+    (``flush_evict``) write the persistent grid's bits and outputs over two
     windows, aligned and staggered rows with a padding row (compiled, the fp32 values
     to 1e-6: the variants' code may contract products differently); the dynamic grid
     leaves its counter and its count of programs done at zero after every flush
