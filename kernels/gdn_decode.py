@@ -403,11 +403,11 @@ class GDNReplayCache:
       launch (for a dense checkpoint).
     * ``flush_ring_ahead``: the flush's chunk loop loads a chunk's ring v rows while the
       chunk before it folds (the single-pass loop: no nvfp4 copy).
-    * ``flush_evict``: the flush's plain stores of the checkpoint and read copy evict
-      first from L2 (not the nvfp4 scratch rows, nor a TMA-stored fp32 checkpoint).  Off
-      by default: on an H200 (batch 256, L = 16) qwen3.5-122b's fp8 and nvfp4 flushes
-      took 1-3% less (847 / 866 against 872 / 872 us; 2253 / 2214 against 2286 / 2245),
-      qwen3.5-4b's the same within noise; the same bits.
+    * ``flush_evict``: the staged flush launch's plain stores of the checkpoint and read
+      copy evict first from L2 (not the nvfp4 scratch rows, nor a TMA-stored fp32
+      checkpoint).  Off by default: on an H200 (batch 256, L = 16) qwen3.5-122b's fp8
+      and nvfp4 flushes took 1-3% less (847 / 866 against 872 / 872 us; 2253 / 2214
+      against 2286 / 2245), qwen3.5-4b's the same within noise; the same bits.
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
       conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
       the Mamba-2 flush, the same bits).  On by default in the staged launch (offline
