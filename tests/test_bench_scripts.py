@@ -3,6 +3,7 @@ work or output file (they run on a CPU-only machine too)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_split_configs.py", ["--model", "qwen3.5-4b"], "is a gdn model"),
     ("time_split_configs.py", ["--window", "1"], "--window >= 2"),
     ("time_split_configs.py", ["--design", "fp64"], "invalid choice"),
+    ("probe_nvfp4_encode.py", [], "--out is required unless --check-only"),
+    ("probe_nvfp4_encode.py", ["--sources", "fp8"], "invalid choice"),
+    ("probe_nvfp4_encode.py", ["--out", "no/such/dir/x.json"], "no directory"),
 ])
 def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
     r = run(script, *args, tmp=tmp_path)
@@ -63,6 +67,27 @@ def test_time_split_configs_without_gpu_exits_2(tmp_path: Path) -> None:
     r = run("time_split_configs.py", "--config", "", "--config", "maxnreg=96 tail_tile=true",
             "--out", str(out), tmp=tmp_path)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not out.exists()
+
+
+def test_probe_nvfp4_encode_without_gpu_exits_2(tmp_path: Path) -> None:
+    if __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is present")
+    out = tmp_path / "encode.json"
+    r = run("probe_nvfp4_encode.py", "--out", str(out), tmp=tmp_path)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not out.exists()
+
+
+def test_probe_nvfp4_encode_bits_equal_formats(tmp_path: Path) -> None:
+    """The probe's standalone encode launch writes formats.nvfp4's bits (interpreter on
+    the CPU, compiled on a GPU)."""
+    env = dict(os.environ)
+    if not __import__("torch").cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_nvfp4_encode.py"),
+                        "--check-only"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "bits equal formats.nvfp4: True" in r.stdout
 
 
 def test_split_fields_parse_ints_and_flags() -> None:
