@@ -816,7 +816,6 @@ class GDNReplayCache:
             self.ckpt.rows_descriptor(self.FB) if self.flush_tma else None, self.flush_tma,
             self.hw_fp8 and compiled_on(q.device), self.num_warps == 1, self._flush_work,
             self.flush_grid == "dynamic", self.flush_ring_ahead, self.flush_evict,
-            __import__("os").environ.get("PL_HACK") == "1" and not commit,
             num_warps=self.num_warps, maxnreg=self.maxnreg,
         )
 

@@ -125,8 +125,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
                 TMA: tl.constexpr = False, HW: tl.constexpr = False,
                 SUBST: tl.constexpr = False, sync=None, PARTS: tl.constexpr = 0,
-                VPRE: tl.constexpr = False, EVICT: tl.constexpr = False,
-                HACK: tl.constexpr = False):
+                VPRE: tl.constexpr = False, EVICT: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -165,32 +164,24 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                             C_FMT)
     Kr, gr = _ring_kg(ring_k, ring_g, rbase, hk, h, valid, HK, HV, K, RP, RING)
     br = tl.load(ring_b + rbase * HV + h + offs_r * HV, mask=valid, other=0.0)
-    if HACK:  # timing trial: the set-up's results as loads (wrong values)
-        Tm = tl.load(ring_kk + (rbase * HK + hk) * RP + offs_r[:, None] * (HK * RP)
-                     + offs_r[None, :])
-        Kr = tl.where(offs_r[:, None] == n, k[None, :], Kr)
-        w = gr + 0.5
-        ec = gr + 1.0
-        e_last = tl.load(ring_g + rbase * HV + h + HV) + 1.0
     KK = tl.load(ring_kk + (rbase * HK + hk) * RP + offs_r[:, None] * (HK * RP) + offs_r[None, :],
                  mask=valid[:, None], other=0.0)
-    if not HACK:
-        if STEP:
-            KK = tl.where(offs_r[:, None] == n, tl.sum(Kr * k[None, :], axis=1)[None, :], KK)
-            Kr = tl.where(offs_r[:, None] == n, k[None, :], Kr)
-            gr = tl.where(offs_r == n, g, gr)
-            br = tl.where(offs_r == n, beta, br)
-            ent = offs_r <= n
-        else:
-            ent = valid
-        cum = tl.cumsum(gr, axis=0)
-        c_last = tl.sum(gr, axis=0)
-        lower = (offs_r[None, :] < offs_r[:, None]) & ent[:, None]
-        dec = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0))
-        Tm = inv_unit_lower(tl.where(lower, br[:, None] * dec * KK, 0.0), RP, LOG2RP, SUBST)
-        w = tl.where(ent, tl.exp(c_last - cum), 0.0)
-        ec = tl.exp(cum)
-        e_last = tl.exp(c_last)
+    if STEP:
+        KK = tl.where(offs_r[:, None] == n, tl.sum(Kr * k[None, :], axis=1)[None, :], KK)
+        Kr = tl.where(offs_r[:, None] == n, k[None, :], Kr)
+        gr = tl.where(offs_r == n, g, gr)
+        br = tl.where(offs_r == n, beta, br)
+        ent = offs_r <= n
+    else:
+        ent = valid
+    cum = tl.cumsum(gr, axis=0)
+    c_last = tl.sum(gr, axis=0)
+    lower = (offs_r[None, :] < offs_r[:, None]) & ent[:, None]
+    dec = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0))
+    Tm = inv_unit_lower(tl.where(lower, br[:, None] * dec * KK, 0.0), RP, LOG2RP, SUBST)
+    w = tl.where(ent, tl.exp(c_last - cum), 0.0)
+    ec = tl.exp(cum)
+    e_last = tl.exp(c_last)
     NC: tl.constexpr = BVF // FB
     AMAX: tl.constexpr = (C_FMT == K_NVFP4) or (F_FMT == K_NVFP4)
     C4: tl.constexpr = C_FMT == K_NVFP4
@@ -332,7 +323,7 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                 SCRATCH: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr = 0,
                 ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
                 SUBST: tl.constexpr = False, VPRE: tl.constexpr = False,
-                EVICT: tl.constexpr = False, HACK: tl.constexpr = False):
+                EVICT: tl.constexpr = False):
     """One flush unit: rows ``part * BVF ..`` of head h of ``slot`` (batch row bidx)."""
     hk = h // (HV // HK)
     mat = slot.to(tl.int64) * HV + h
@@ -344,21 +335,15 @@ def _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, 
                     RING, False, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
                     HW, SUBST, VPRE=VPRE, EVICT=EVICT)
     else:
-        if HACK:
-            q = tl.load(q_ptr + (bidx * HK + hk) * K + tl.arange(0, K)).to(tl.float32)
-            k = tl.load(k_ptr + (bidx * HK + hk) * K + tl.arange(0, K)).to(tl.float32)
-            g = 0.0
-            beta = 0.0
-        else:
-            q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K,
-                                    k_ptr + (bidx * HK + hk) * K, K, RING)
-            g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
+        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K,
+                                K, RING)
+        g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
         _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
                     ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
                     out + (bidx * HV + h) * V, rbase, h, hk, mat, part * BVF, n, q, k, g,
                     beta, seed, t, HK, HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
                     RING, True, FRESH, DOT, NOLICM, scr, SCRATCH, FAST, PF, ck_desc, TMA,
-                    HW, SUBST, VPRE=VPRE, EVICT=EVICT, HACK=HACK)
+                    HW, SUBST, VPRE=VPRE, EVICT=EVICT)
 
 
 @triton.jit(do_not_specialize=["seed", "B"])
@@ -374,7 +359,7 @@ def _flush_kernel(
     UNITS: tl.constexpr = False, SCRATCH: tl.constexpr = False, FAST: tl.constexpr = False,
     PF: tl.constexpr = 0, ck_desc=None, TMA: tl.constexpr = False, HW: tl.constexpr = False,
     SUBST: tl.constexpr = False, work=None, CLAIM: tl.constexpr = False,
-    VPRE: tl.constexpr = False, EVICT: tl.constexpr = False, HACK: tl.constexpr = False,
+    VPRE: tl.constexpr = False, EVICT: tl.constexpr = False,
 ):
     """Persistent flush launch: every program reads the ring positions of all B
     sequences (one vector load), enumerates the (flushing sequence, head, BVF-row
@@ -461,7 +446,7 @@ def _flush_kernel(
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
                         scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,
                         LOG2RP, C_FMT, F_FMT, RING, FRESH, COMMIT, DOT, NOLICM, SCRATCH, FAST,
-                        PF, ck_desc, TMA, HW, SUBST, VPRE, EVICT, HACK)
+                        PF, ck_desc, TMA, HW, SUBST, VPRE, EVICT)
             if SCRATCH:
                 tl.debug_barrier()  # the next unit rewrites the scratch rows
             u = next_unit(u, G, work, CLAIM)
