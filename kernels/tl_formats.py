@@ -198,16 +198,10 @@ def sr_key(seed, step):
     return lowbias32(seed.to(tl.uint32, bitcast=True) ^ lowbias32(s))
 
 
-if __import__("os").environ.get("PL_HASH1") == "1":  # timing trial: one hash per element
-    @triton.jit
-    def sr_bits(index, key):
-        """lowbias32(index ^ key) (not the emulator's bits)."""
-        return lowbias32(index ^ key)
-else:
-    @triton.jit
-    def sr_bits(index, key):
-        """32 random bits (uint32) per element from its uint32 linear index."""
-        return lowbias32(lowbias32(index) ^ key)
+@triton.jit
+def sr_bits(index, key):
+    """32 random bits (uint32) per element from its uint32 linear index."""
+    return lowbias32(lowbias32(index) ^ key)
 
 
 @triton.jit
