@@ -88,7 +88,7 @@ import triton
 
 from .clocks import FlushStream, advance_clocks_kernel
 from .codec import as_int32
-from .gdn_flush import _commit_counters, _flush_kernel
+from .gdn_flush import _commit_counters, _encode_read_kernel, _flush_kernel
 from .gdn_step import _conventional_kernel, _out_kernel, _prep_kernel, _replay_kernel
 from .gdn_verify import _verify_kernel, _vout_kernel, _vout_mm_kernel, _vprep_kernel
 from .state import DENSE_FORMATS, StateStore
@@ -103,6 +103,7 @@ LAUNCHES = ("fused", "split", "staged")
 FLUSH_GRIDS = ("persistent", "dynamic", "units")
 VERIFY_LAUNCHES = ("single", "staged", "staged-dot")
 FLUSH_PASSES = ("recompute", "scratch")
+READ_ENCODES = ("flush", "launch")
 
 
 def _pow2_at_least(n: int, lo: int = 2) -> int:
@@ -145,7 +146,7 @@ copies lost with 4 (112.7 / 113.8 against 111.2 / 110.8)."""
 
 
 def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, checkpoint: str,
-                    read: str | None) -> dict:
+                    read: str | None, read_encode: str | None = None) -> dict:
     """Launch configuration of a replay cache by batch size and formats (keywords of
     :class:`GDNReplayCache`).  Small batches: one fused launch of 16-row programs (ring
     tiles loaded eagerly).  Large batches (batch * v_heads >= 1024): "staged" -- a
@@ -245,7 +246,14 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, flush_ring_ahead=False, flush_evict=False)
+                    out_mma=False, flush_ring_ahead=False, flush_evict=False,
+                    read_encode="flush")
+    if read_encode is None:
+        read_encode = "flush"
+    # the flush launch's settings follow what it writes: without the read copy where a
+    # launch of its own encodes that (``read_encode="launch"``)
+    fread = None if read_encode == "launch" else read
+    fwhole = "nvfp4" in (checkpoint, fread)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
     obv = min(V, obv)
@@ -258,7 +266,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     # with the dynamic flush grid, qwen3.5-122b 2220 / 2228 against 2297-2314)
     tma = checkpoint in DENSE_FORMATS
     # flush programs (warps, registers, programs per SM, pipeline stages)
-    if tma and read in (None, "fp8-e4m3", "nvfp4"):
+    if tma and fread in (None, "fp8-e4m3", "nvfp4"):
         fw, fr, fc, fs = 1, 255, 8, 1
     elif tma:
         fw, fr, fc, fs = 4, 168, 3, 2
@@ -271,11 +279,11 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 out_stages=ons if otpp > 1 else 1, verify_block_v=min(V, 16),
                 verify_num_warps=1, verify_stages=2,
                 eager=False, prep_num_warps=1, verify_launch="staged-dot",
-                flush_licm=not whole, flush_grid="persistent" if read is None else "dynamic",
+                flush_licm=not fwhole, flush_grid="persistent" if fread is None else "dynamic",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
-                flush_prefetch=0 if whole else 1, flush_tma=tma,
+                flush_prefetch=0 if fwhole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                flush_ring_ahead=not whole, flush_evict=False)
+                flush_ring_ahead=not fwhole, flush_evict=False, read_encode=read_encode)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -452,6 +460,7 @@ class GDNReplayCache:
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None,
         flush_ring_ahead: bool | None = None, flush_evict: bool | None = None,
+        read_encode: str | None = None,
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -471,7 +480,8 @@ class GDNReplayCache:
         shape = (slots, v_heads, V, K)
         self.ckpt = empty_store(checkpoint, shape, device)
         self.read = empty_store(read, shape, device) if read is not None else None
-        cfg = replay_defaults(batch_hint or slots, k_heads, v_heads, V, K, checkpoint, read)
+        cfg = replay_defaults(batch_hint or slots, k_heads, v_heads, V, K, checkpoint, read,
+                              read_encode)
         given = dict(launch=launch, block_v=block_v, num_warps=num_warps,
                      tiles_per_program=tiles_per_program, stages=stages,
                      flush_chunk=flush_chunk, out_block_v=out_block_v,
@@ -485,7 +495,8 @@ class GDNReplayCache:
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
                      out_mma=out_mma, flush_ring_ahead=flush_ring_ahead,
-                     flush_evict=flush_evict, verify_block_v=verify_block_v,
+                     flush_evict=flush_evict, read_encode=read_encode,
+                     verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
         if out_block_v is not None and out_tiles_per_program is None:
             cfg["out_tiles_per_program"] = 1
@@ -520,6 +531,16 @@ class GDNReplayCache:
         self.out_mma = bool(cfg["out_mma"])
         self.flush_ring_ahead = bool(cfg["flush_ring_ahead"])
         self.flush_evict = bool(cfg["flush_evict"])
+        self.read_encode = cfg["read_encode"]
+        if self.read_encode not in READ_ENCODES:
+            raise ValueError(f"read_encode must be one of {READ_ENCODES}, got "
+                             f"{self.read_encode!r}")
+        if self.read_encode == "launch" and (self.launch != "staged" or drafts
+                                             or checkpoint != "fp32"
+                                             or read not in ("nvfp4", "mxfp4")):
+            raise ValueError(f"read_encode='launch' needs the staged launch, no drafts, an "
+                             f"fp32 checkpoint and an nvfp4 or mxfp4 read copy, got launch "
+                             f"{self.launch!r}, drafts {drafts}, {checkpoint!r} + {read!r}")
         out_fmt = read if read is not None else checkpoint
         if self.out_mma and (self.launch != "staged" or out_fmt not in _MMA_KINDS):
             raise ValueError(f"out_mma needs the staged launch and a copy to read in "
@@ -778,8 +799,9 @@ class GDNReplayCache:
     def _flush_scratch(self, programs: int, B: int) -> torch.Tensor | None:
         """fp32 rows of the scratch flush pass (None where it is not used): one
         ``(block_v, K)`` block per persistent program, or per unit of every slot."""
-        whole = "nvfp4" in (self.ckpt.fmt, self.read.fmt if self.read is not None else "")
-        if self.flush_pass != "scratch" or not whole or self.BV == self.FB:
+        read = self.read.fmt if self.read is not None and self.read_encode == "flush" else ""
+        if self.flush_pass != "scratch" or "nvfp4" not in (self.ckpt.fmt, read) \
+                or self.BV == self.FB:
             return None
         n = self.slots * self.HV * (self.V // self.BV) if self.flush_grid == "units" \
             else programs
@@ -791,9 +813,13 @@ class GDNReplayCache:
     def _flush(self, q, k, v, a, b, A_log, dt_bias, state_indices, accepted, out,
                commit: bool) -> None:
         """The flush launch (returns at once where nothing flushes): persistent, or one
-        program per unit (``flush_grid="units"``)."""
+        program per unit (``flush_grid="units"``); with ``read_encode="launch"`` it
+        writes the checkpoint only and :func:`_encode_read_kernel` the read copy."""
         B = state_indices.shape[0]
         c, fargs, f_id = self._copies()
+        apart = self.read_encode == "launch"
+        if apart:
+            fargs, f_id = c.kernel_args(), FMT_NONE
         NU = self.V // self.BV
         units = B * self.HV * NU
         if self.flush_grid == "units":
@@ -818,6 +844,11 @@ class GDNReplayCache:
             self.flush_grid == "dynamic", self.flush_ring_ahead, self.flush_evict,
             num_warps=self.num_warps, maxnreg=self.maxnreg,
         )
+        if apart:
+            self.compiled["encode"] = _encode_read_kernel[(self.HV, B)](
+                self._skip_flags(B), state_indices, *c.kernel_args(), *self.read.kernel_args(),
+                self.HV, self.K, self.V, min(self.V, 32), c.fmt_id, self.read.fmt_id,
+                num_warps=4)
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
         """Outputs of T drafts per sequence: q, k (B, T, HK, K), v (B, T, HV, V),

@@ -454,6 +454,33 @@ def _flush_kernel(
 
 
 @triton.jit
+def _encode_read_kernel(skip, state_idx, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
+                        HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr,
+                        C_FMT: tl.constexpr, F_FMT: tl.constexpr):
+    """The read copy of one matrix encoded from its fp32 checkpoint, after a flush
+    launch that wrote only the checkpoint (``GDNReplayCache(read_encode="launch")``):
+    grid ``(HV, batch)``; rows whose ``skip`` flag (the flush launch's: 1 where the row
+    flushed) is 0 return at once.  nvfp4: a pass for the matrix amax, then one that
+    encodes; the bits equal the flush's own encoder's (the same fp32 values)."""
+    h = tl.program_id(0)
+    bidx = tl.program_id(1)
+    if tl.load(skip + bidx) != 0:
+        slot = tl.maximum(tl.load(state_idx + bidx), 0)
+        mat = slot.to(tl.int64) * HV + h
+        amax = 0.0
+        if F_FMT == K_NVFP4:
+            for c in tl.range(0, V // FB):
+                offs_v = c * FB + tl.arange(0, FB)
+                S = load_state(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, C_FMT, FB, K)
+                amax = tl.maximum(amax, matrix_amax(S))
+        for c in tl.range(0, V // FB):
+            offs_v = c * FB + tl.arange(0, FB)
+            S = load_state(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, C_FMT, FB, K)
+            store_state_with(f_data, f_s1, f_s2, S, mat, offs_v, offs_v < V, V, 0, 0, amax,
+                             F_FMT, FB, K, True)
+
+
+@triton.jit
 def _commit_counters(accepted, state_idx, ring_len, steps, B, L: tl.constexpr,
                      BLOCK: tl.constexpr):
     """After a commit flush: ring_len += accepted (0 where it reached L); steps too."""

@@ -489,8 +489,8 @@ def test_verify_and_commit_flush_on_a_read_copy(vl: str, fcfg: dict, read: str,
 
 
 def _staggered_cache(B: int, L: int, **kw) -> GDNReplayCache:
-    cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint="fp32", read="fp8-e4m3",
-                           device=DEV, block_v=16, out_block_v=16, **kw)
+    kw = dict(checkpoint="fp32", read="fp8-e4m3", block_v=16, out_block_v=16) | kw
+    cache = GDNReplayCache(B, HK, HV, K, V, window=L, device=DEV, **kw)
     cache.reset(state0(B))
     stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
     return cache
@@ -582,16 +582,20 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     ("fp32", "fp8-e4m3", {"flush_ring_ahead": True}),
     ("fp32", None, {"flush_grid": "dynamic", "flush_ring_ahead": True}),
     ("fp32", "fp8-e4m3", {"flush_evict": True}),
-    ("fp16-sr", "nvfp4", {"flush_evict": True})],
+    ("fp16-sr", "nvfp4", {"flush_evict": True}),
+    ("fp32", "nvfp4", {"read_encode": "launch"}),
+    ("fp32", "mxfp4", {"read_encode": "launch"})],
     ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32",
-         "evict-fp8", "evict-nvfp4"])
+         "evict-fp8", "evict-nvfp4", "encode-launch-nvfp4", "encode-launch-mxfp4"])
 def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict) -> None:
     """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
     fewer programs than units) and chunk loops that load the ring v rows a chunk ahead
     (``flush_ring_ahead``) or store the copies evicting first from L2
     (``flush_evict``) write the persistent grid's bits and outputs over two
     windows, aligned and staggered rows with a padding row (compiled, the fp32 values
-    to 1e-6: the variants' code may contract products differently); the dynamic grid
+    to 1e-6: the variants' code may contract products differently), as does a read
+    copy encoded by a launch of its own (``read_encode="launch"``) against the flush's
+    own encoder; the dynamic grid
     leaves its counter and its count of programs done at zero after every flush
     launch."""
     B, L = 4, 3
@@ -599,7 +603,8 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
     idx = torch.tensor([2, 0, -1, 1], dtype=torch.int32, device=DEV)
     for stagger in (False, True):
         res = []
-        for cfg in ({}, variant):
+        base = {"read_encode": "flush"} if "read_encode" in variant else {}
+        for cfg in (base, variant):
             cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ckpt, read=read,
                                    device=DEV, launch="staged", block_v=V, flush_chunk=16,
                                    flush_ctas_per_sm=1, concurrent_flush=False, **cfg)
@@ -626,17 +631,20 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
 
 # ---------------------------------------------------------------- GPU only
 @pytest.mark.skipif(DEVICE != "cuda", reason="streams and CUDA graphs need a GPU")
-def test_concurrent_flush_equals_sequential_in_a_graph() -> None:
+@pytest.mark.parametrize("copy", [{}, dict(read="nvfp4", block_v=V, read_encode="launch")],
+                         ids=["fp8", "nvfp4-encode-launch"])
+def test_concurrent_flush_equals_sequential_in_a_graph(copy: dict) -> None:
     """The flush launch on its own stream (``concurrent_flush``), captured in a CUDA
     graph, writes the same bits as the sequential staged step, with rows at different
-    ring positions so that flushes and outputs share steps."""
+    ring positions so that flushes and outputs share steps (an nvfp4 copy encoded by a
+    launch of its own too: on the flush's stream, behind the flush)."""
     B, L = 4, 3
     kind, params, raws = setup(steps=1, batch=B, seed=6)
     idx = torch.arange(B, dtype=torch.int32, device=DEV)
     a = args(raws[0])
     res = {}
     for conc in (False, True):
-        cache = _staggered_cache(B, L, launch="staged", concurrent_flush=conc)
+        cache = _staggered_cache(B, L, launch="staged", concurrent_flush=conc, **copy)
         out = torch.empty(B, HV, V, device=DEV)
         cache.step(*a, params.A_log, params.dt_bias, idx, out=out)  # compile
         g = torch.cuda.CUDAGraph()
@@ -735,6 +743,19 @@ def test_hw_fp8_encoder_changes_no_bit() -> None:
 def test_flush_tma_rejects_what_it_cannot_load(kw) -> None:
     with pytest.raises(ValueError, match="flush_tma needs the staged launch"):
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, flush_tma=True, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(read="nvfp4", checkpoint="fp16-sr", launch="staged"),
+                                dict(read="fp8-e4m3", launch="staged"),
+                                dict(read="nvfp4", launch="fused"),
+                                dict(read="nvfp4", launch="staged", drafts=2)])
+def test_read_encode_launch_rejects_what_it_cannot_encode(kw) -> None:
+    """A read copy encoded by a launch of its own must be the checkpoint's values: an
+    fp32 checkpoint, a 4-bit copy, the staged launch's step flushes only."""
+    with pytest.raises(ValueError, match="read_encode='launch' needs the staged launch"):
+        GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, read_encode="launch", **kw)
+    with pytest.raises(ValueError, match="read_encode must be one of"):
+        GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, read_encode="later")
 
 
 @pytest.mark.parametrize("kw", [dict(read="mxfp4", checkpoint="fp16-sr"),
