@@ -104,6 +104,8 @@ FLUSH_GRIDS = ("persistent", "dynamic", "units")
 VERIFY_LAUNCHES = ("single", "staged", "staged-dot")
 FLUSH_PASSES = ("recompute", "scratch")
 READ_ENCODES = ("flush", "launch")
+ENCODE_CTAS_PER_SM = 8
+"""Programs per SM of the persistent read-copy encode launch (``read_encode="launch"``)."""
 
 
 def _pow2_at_least(n: int, lo: int = 2) -> int:
@@ -845,10 +847,11 @@ class GDNReplayCache:
             num_warps=self.num_warps, maxnreg=self.maxnreg,
         )
         if apart:
-            self.compiled["encode"] = _encode_read_kernel[(self.HV, B)](
+            grid = (max(1, min(B * self.HV, self.n_sm * ENCODE_CTAS_PER_SM)),)
+            self.compiled["encode"] = _encode_read_kernel[grid](
                 self._skip_flags(B), state_indices, *c.kernel_args(), *self.read.kernel_args(),
-                self.HV, self.K, self.V, min(self.V, 32), c.fmt_id, self.read.fmt_id,
-                num_warps=4)
+                B, self.HV, self.K, self.V, min(self.V, 32), _pow2_at_least(B, 256), c.fmt_id,
+                self.read.fmt_id, num_warps=4)
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
         """Outputs of T drafts per sequence: q, k (B, T, HK, K), v (B, T, HV, V),

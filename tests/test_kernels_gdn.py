@@ -23,6 +23,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
+from precisionlab.kernels import gdn_decode  # noqa: E402
 from precisionlab.kernels.gdn_backend import TritonGDNDesign, supports  # noqa: E402
 from precisionlab.kernels.gdn_decode import (  # noqa: E402
     GDNReplayCache,
@@ -587,7 +588,8 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     ("fp32", "mxfp4", {"read_encode": "launch"})],
     ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32",
          "evict-fp8", "evict-nvfp4", "encode-launch-nvfp4", "encode-launch-mxfp4"])
-def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict) -> None:
+def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict,
+                                         monkeypatch) -> None:
     """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
     fewer programs than units) and chunk loops that load the ring v rows a chunk ahead
     (``flush_ring_ahead``) or store the copies evicting first from L2
@@ -598,6 +600,8 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
     own encoder; the dynamic grid
     leaves its counter and its count of programs done at zero after every flush
     launch."""
+    # the encode launch's programs each take several matrices on the CPU (2 "SMs")
+    monkeypatch.setattr(gdn_decode, "ENCODE_CTAS_PER_SM", 1)
     B, L = 4, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
     idx = torch.tensor([2, 0, -1, 1], dtype=torch.int32, device=DEV)
