@@ -58,6 +58,11 @@ registers and lets one warp hold a whole unit (the staged default for an fp32
 checkpoint with no read copy or an fp8 one); an fp32 checkpoint's fresh chunks go
 back through the same descriptor (TMA bulk stores from shared memory).
 
+An fp32 checkpoint's nvfp4 or mxfp4 read copy is, in the staged launch, encoded by a
+launch of its own behind the flush (``read_encode="launch"``: persistent whole-matrix
+programs over the rows the flush flagged), from the checkpoint the flush just wrote:
+the same fp32 values, so the same bits as the flush's own encoder.
+
 Launch modes of a step: ``"fused"`` -- one launch; a flushing slot's programs run
 the output loop (results unused) and then flush their own tiles; ``"split"`` -- a
 persistent flush launch over the flushing slots' units (it returns at once where
@@ -88,9 +93,10 @@ import triton
 
 from .clocks import FlushStream, advance_clocks_kernel
 from .codec import as_int32
-from .gdn_flush import _commit_counters, _encode_read_kernel, _flush_kernel
+from .gdn_flush import _commit_counters, _flush_kernel
 from .gdn_step import _conventional_kernel, _out_kernel, _prep_kernel, _replay_kernel
 from .gdn_verify import _verify_kernel, _vout_kernel, _vout_mm_kernel, _vprep_kernel
+from .read_encode import encode_read_copies
 from .state import DENSE_FORMATS, StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NONE, compiled_on
@@ -104,8 +110,6 @@ FLUSH_GRIDS = ("persistent", "dynamic", "units")
 VERIFY_LAUNCHES = ("single", "staged", "staged-dot")
 FLUSH_PASSES = ("recompute", "scratch")
 READ_ENCODES = ("flush", "launch")
-ENCODE_CTAS_PER_SM = 8
-"""Programs per SM of the persistent read-copy encode launch (``read_encode="launch"``)."""
 
 
 def _pow2_at_least(n: int, lo: int = 2) -> int:
@@ -208,7 +212,11 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     the single-pass chunk loop, fp32 382 -> 372 / 744 -> 732, fp8 466 -> 445 / 902 ->
     895; flush programs that claim their units from a counter (``flush_grid="dynamic"``)
     where there is a read copy, fp8 (with the ring ahead) 443 / 870, nvfp4 1162 -> 1049
-    / 2399 -> 2303, but not for a shared fp32 checkpoint (403 / 771)."""
+    / 2399 -> 2303, but not for a shared fp32 checkpoint (403 / 771).  Twenty-first run:
+    an fp32 checkpoint's nvfp4 or mxfp4 read copy encoded by a launch of its own
+    (``read_encode="launch"``; the flush launch then takes the settings of a flush
+    without a read copy), qwen3.5-4b / 122b us per step: nvfp4 110.9 -> 102.0 / 203.2
+    -> 179.2, mxfp4 139.4 -> 116.5 / 256.8 -> 209.3."""
     whole = "nvfp4" in (checkpoint, read)
     if batch * v_heads < 1024:
         # 16-row programs.  An nvfp4 copy: 16-row programs (each flushes its rows, the
@@ -251,7 +259,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     out_mma=False, flush_ring_ahead=False, flush_evict=False,
                     read_encode="flush")
     if read_encode is None:
-        read_encode = "flush"
+        read_encode = "launch" if checkpoint == "fp32" and read in ("nvfp4", "mxfp4") \
+            else "flush"
     # the flush launch's settings follow what it writes: without the read copy where a
     # launch of its own encodes that (``read_encode="launch"``)
     fread = None if read_encode == "launch" else read
@@ -418,6 +427,17 @@ class GDNReplayCache:
       checkpoint).  Off by default: on an H200 (batch 256, L = 16) qwen3.5-122b's fp8
       and nvfp4 flushes took 1-3% less (847 / 866 against 872 / 872 us; 2253 / 2214
       against 2286 / 2245), qwen3.5-4b's the same within noise; the same bits.
+    * ``read_encode``: ``"flush"`` (the flush encodes the read copy beside the
+      checkpoint) or ``"launch"`` (the flush writes the checkpoint only, and a launch of
+      its own behind it on the same stream encodes the flushed rows' read copies from
+      their checkpoints: :func:`read_encode.encode_read_copies`, persistent programs of
+      4 warps, 8 per SM, whole matrices in 32-row chunks).  "launch" needs the staged
+      launch, no drafts, an fp32 checkpoint (so the copy is encoded from the same fp32
+      values: the same bits) and an nvfp4 or mxfp4 copy, and is the default there: the
+      flush's one-warp programs, sized for the fold, encode 4-bit copies slowly.  H200,
+      batch 256, L = 16, us per step (flush step): qwen3.5-4b nvfp4 110.9 -> 102.0 (858
+      -> 695), mxfp4 139.4 -> 116.5 (1021 -> 618); qwen3.5-122b nvfp4 203.2 -> 179.2
+      (1767 -> 1390), mxfp4 256.8 -> 209.3 (2015 -> 1220).
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
       conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
       the Mamba-2 flush, the same bits).  On by default in the staged launch (offline
@@ -482,8 +502,11 @@ class GDNReplayCache:
         shape = (slots, v_heads, V, K)
         self.ckpt = empty_store(checkpoint, shape, device)
         self.read = empty_store(read, shape, device) if read is not None else None
+        encode = read_encode
+        if encode is None and (drafts or launch not in (None, "staged")):
+            encode = "flush"  # a launch of its own only behind the staged step's flushes
         cfg = replay_defaults(batch_hint or slots, k_heads, v_heads, V, K, checkpoint, read,
-                              read_encode)
+                              encode)
         given = dict(launch=launch, block_v=block_v, num_warps=num_warps,
                      tiles_per_program=tiles_per_program, stages=stages,
                      flush_chunk=flush_chunk, out_block_v=out_block_v,
@@ -816,7 +839,8 @@ class GDNReplayCache:
                commit: bool) -> None:
         """The flush launch (returns at once where nothing flushes): persistent, or one
         program per unit (``flush_grid="units"``); with ``read_encode="launch"`` it
-        writes the checkpoint only and :func:`_encode_read_kernel` the read copy."""
+        writes the checkpoint only and :func:`read_encode.encode_read_copies` the read
+        copy."""
         B = state_indices.shape[0]
         c, fargs, f_id = self._copies()
         apart = self.read_encode == "launch"
@@ -847,11 +871,9 @@ class GDNReplayCache:
             num_warps=self.num_warps, maxnreg=self.maxnreg,
         )
         if apart:
-            grid = (max(1, min(B * self.HV, self.n_sm * ENCODE_CTAS_PER_SM)),)
-            self.compiled["encode"] = _encode_read_kernel[grid](
-                self._skip_flags(B), state_indices, *c.kernel_args(), *self.read.kernel_args(),
-                B, self.HV, self.K, self.V, min(self.V, 32), _pow2_at_least(B, 256), c.fmt_id,
-                self.read.fmt_id, num_warps=4)
+            self.compiled["encode"] = encode_read_copies(
+                c, self.read, self.counters.tickets, state_indices, self.L,
+                self.programs_per_slot, self.n_sm)
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
         """Outputs of T drafts per sequence: q, k (B, T, HK, K), v (B, T, HV, V),

@@ -454,43 +454,6 @@ def _flush_kernel(
 
 
 @triton.jit
-def _encode_read_kernel(skip, state_idx, c_data, c_s1, c_s2, f_data, f_s1, f_s2, B,
-                        HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr,
-                        BP: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr):
-    """The read copies of the rows the flush launch just flushed, encoded from their
-    fp32 checkpoints (``GDNReplayCache(read_encode="launch")``; that flush wrote only the
-    checkpoint).  Persistent: every program reads the ``skip`` flags (1 where the row
-    flushed) of all B rows and takes every G-th (flushed row, head) matrix, so a step
-    that flushes nothing costs one vector load per program.  nvfp4: a pass for the
-    matrix amax, then one that encodes; the bits equal the flush's own encoder's (the
-    same fp32 values)."""
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
-    offs_b = tl.arange(0, BP)
-    inb = offs_b < B
-    flag = tl.load(skip + offs_b, mask=inb, other=0) != 0
-    key = tl.where(flag, tl.cumsum(flag.to(tl.int32), axis=0), 0)  # j + 1 at the j-th
-    units = tl.sum(flag.to(tl.int32), axis=0) * HV
-    u = pid
-    while u < units:
-        bidx = tl.sum(tl.where(key == u // HV + 1, offs_b, 0), axis=0)
-        slot = tl.maximum(tl.load(state_idx + bidx), 0)
-        mat = slot.to(tl.int64) * HV + u % HV
-        amax = 0.0
-        if F_FMT == K_NVFP4:
-            for c in tl.range(0, V // FB):
-                offs_v = c * FB + tl.arange(0, FB)
-                S = load_state(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, C_FMT, FB, K)
-                amax = tl.maximum(amax, matrix_amax(S))
-        for c in tl.range(0, V // FB):
-            offs_v = c * FB + tl.arange(0, FB)
-            S = load_state(c_data, c_s1, c_s2, mat, offs_v, offs_v < V, V, C_FMT, FB, K)
-            store_state_with(f_data, f_s1, f_s2, S, mat, offs_v, offs_v < V, V, 0, 0, amax,
-                             F_FMT, FB, K, True)
-        u += G
-
-
-@triton.jit
 def _commit_counters(accepted, state_idx, ring_len, steps, B, L: tl.constexpr,
                      BLOCK: tl.constexpr):
     """After a commit flush: ring_len += accepted (0 where it reached L); steps too."""

@@ -26,6 +26,7 @@ from .mamba2_fast import (
     m2_weights_kernel,
 )
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
+from .read_encode import encode_read_copies
 from .state import DENSE_FORMATS, StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
@@ -142,7 +143,13 @@ class SplitConfig:
     G-th unit) or "dynamic" (the programs claim their units one at a time from a
     counter, so programs that start late or run slow take fewer; the chunks prefetched
     ahead then stop at a unit's end); None = "dynamic" for nvfp4 and 1-byte copies,
-    else "persistent" (see :func:`_split_defaults`).
+    else "persistent" (see :func:`_split_defaults`).  ``read_encode``: "flush" (the
+    flush encodes the read copy beside the checkpoint) or "launch" (the flush writes
+    the checkpoint only, with the settings of a flush without a read copy, and a launch
+    of its own behind it encodes the flushed heads' read copies from their checkpoints:
+    ``read_encode.encode_read_copies``); "launch" needs an fp32 checkpoint (the same
+    fp32 values: the same bits) and an nvfp4 or mxfp4 read copy, and None means it
+    there.
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -170,6 +177,7 @@ class SplitConfig:
     flush_tma: bool | None = None
     concurrent_flush: bool | None = None
     flush_grid: str | None = None
+    read_encode: str | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -363,6 +371,24 @@ class Mamba2Cache:
         return self.ckpt.nbytes(), self.reader.nbytes()
 
 
+_FOUR_BIT = ("nvfp4", "mxfp4")
+
+
+def _read_encode_apart(read_encode: str | None, ckpt: str, read: StateStore | None) -> bool:
+    """Whether a split step's read copy is encoded by a launch of its own
+    (``SplitConfig.read_encode``)."""
+    fits = ckpt == "fp32" and read is not None and read.fmt in _FOUR_BIT
+    if read_encode is None:
+        return fits
+    if read_encode not in ("flush", "launch"):
+        raise ValueError(f"read_encode must be 'flush' or 'launch', got {read_encode!r}")
+    if read_encode == "launch" and not fits:
+        raise ValueError(f"read_encode='launch' needs an fp32 checkpoint and an nvfp4 or "
+                         f"mxfp4 read copy, got {ckpt!r} + "
+                         f"{read.fmt if read is not None else None!r}")
+    return read_encode == "launch"
+
+
 def _check_rows_per_program(rpp: int, launch: str, speculative: bool, hpp: int | None
                             ) -> None:
     """Reject a ``rows_per_program`` the one-launch kernel cannot run."""
@@ -543,7 +569,8 @@ def _tail_rows(tail_tile: bool | None, P: int, bp: int, rd_id: int) -> int:
 
 
 def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
-                    need_amax: bool, ck_dense: bool = True) -> SplitConfig:
+                    need_amax: bool, ck_dense: bool = True,
+                    flush_rd_id: int | None = None) -> SplitConfig:
     """Fill the None fields of a split launch configuration.  Defaults (the H200
     sweeps at batch 256, L = 16, nemotron-3-nano-4b / -super-120b shapes): an fp32 or
     16-bit read copy streams through the "group" output kernel (4 warps, 4 heads per
@@ -567,8 +594,15 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     a counter (``flush_grid`` "dynamic"; nineteenth H200 run, flush us: nvfp4 1501-1510
     -> 1459-1462 on nano-4b, 1638-1640 -> 1599-1600 on super-120b, fp8 701 -> 703 and
     771 -> 741; twentieth, fp8 733 / 733 -> 700 and 792 / 795 -> 745); fp32 and 16-bit
-    copies keep the persistent grid (replay fp32 within 1%)."""
+    copies keep the persistent grid (replay fp32 within 1%).  ``flush_rd_id``: the
+    format the flush launch writes as its read copy where that is not ``rd_id`` (the
+    checkpoint's, when a launch of its own encodes the copy); the flush settings follow
+    it."""
     hpg = H // G
+    f_id = rd_id if flush_rd_id is None else flush_rd_id
+    f_wide = _BYTES_BY_ID[f_id] >= 2
+    f_narrow = _BYTES_BY_ID[f_id] <= 1
+    f_one_byte = _BYTES_BY_ID[f_id] == 1
     wide = _BYTES_BY_ID[rd_id] >= 2
     kind = cfg.out_kernel or ("group" if wide else "heads")
     if cfg.flush_encoder not in ("ref", "fast"):
@@ -599,7 +633,6 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     npb = triton.cdiv(P, bp)
     nw = cfg.num_warps or (1 if kind == "heads" else 4)
     narrow = _BYTES_BY_ID[rd_id] <= 1  # 1-byte and 4-bit copies
-    one_byte = _BYTES_BY_ID[rd_id] == 1
     want = 1 if (kind == "heads" and narrow) else 4
     hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0 and d <= want)
                                     if kind != "tiles" else 1)
@@ -633,10 +666,10 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     fw = cfg.flush_warps or few
     fmax = cfg.flush_maxnreg
     if fmax is None:
-        fmax = 128 if need_amax or (fw == 4 and not wide) else (0 if fw == 4 else 255)
+        fmax = 128 if need_amax or (fw == 4 and not f_wide) else (0 if fw == 4 else 255)
     # TMA loads in two stages where the flush writes a 1-byte copy from 1-warp programs
     tma = cfg.flush_tma if cfg.flush_tma is not None else (
-        tma_ok and fw == 1 and narrow and not need_amax)
+        tma_ok and fw == 1 and f_narrow and not need_amax)
     return replace(cfg, out_kernel=kind, block_p=bp,
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
@@ -649,11 +682,11 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),
                    out_loads_first=loads_first, flush_tma=tma,
-                   flush_grid=cfg.flush_grid or ("dynamic" if need_amax or one_byte
+                   flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
                    flush_maxnreg=fmax,
                    flush_prefetch=(cfg.flush_prefetch if cfg.flush_prefetch is not None
-                                   else int(fw == 1 and narrow and not need_amax)),
+                                   else int(fw == 1 and f_narrow and not need_amax)),
                    evict_first=cfg.evict_first if cfg.evict_first is not None else True,
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
                                  (2816 if four_bit else 1536)
@@ -690,9 +723,12 @@ def launch_split_step(
     G = B.shape[-2]
     rd = read if read is not None else ckpt
     ring_id = _RING_IDS[cache.ring_x.dtype]
-    need_amax = FMT_NVFP4 in (ckpt.fmt_id, rd.fmt_id)
-    cfg = _split_defaults(config or cache.split_config, P, N, H, G, rd.fmt_id, need_amax,
-                          ckpt.fmt in DENSE_FORMATS)
+    given = config or cache.split_config
+    apart = _read_encode_apart(given.read_encode, ckpt.fmt, read)
+    fd = ckpt if apart else rd  # what the flush launch writes as its read copy
+    need_amax = FMT_NVFP4 in (ckpt.fmt_id, fd.fmt_id)
+    cfg = _split_defaults(given, P, N, H, G, rd.fmt_id, need_amax, ckpt.fmt in DENSE_FORMATS,
+                          fd.fmt_id)
     rx, rB = cache.ring_x, cache.ring_B
     if ring_id != RING_FP32:
         rx, rB = rx.view(torch.int16), rB.view(torch.int16)
@@ -729,15 +765,15 @@ def launch_split_step(
 
     def flush() -> None:
         m2_flush_kernel[(nprog,)](
-            *ckpt.kernel_args(), *rd.kernel_args(),
+            *ckpt.kernel_args(), *fd.kernel_args(),
             cache.fresh if cache.fresh is not None else ckpt.codes,
             rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
             x, dt, B, C, zz, out, params.A, D, dtb,
             as_int32(cache.seed), as_int32(cache.seed + 1), *strides,
             batch, H, G, P, L, LR,
             N=N, BP=bp_rows, FB=fb, NQ=nq, UPH=uph, RB=RB,
-            NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=rd.fmt_id,
-            SPLIT=read is not None, RING=ring_id, WRITE_FRESH=cache.fresh is not None,
+            NSF=cfg.flush_stages, CK_FMT=ckpt.fmt_id, RD_FMT=fd.fmt_id,
+            SPLIT=read is not None and not apart, RING=ring_id, WRITE_FRESH=cache.fresh is not None,
             NEED_AMAX=need_amax, HW_CVT=compiled_on(x.device),
             FAST_ENC=cfg.flush_encoder == "fast", ONE_PASS=one_pass,
             scr=cache.flush_scratch if scratch else out, SCRATCH=scratch,
@@ -747,6 +783,9 @@ def launch_split_step(
             work=cache.flush_work if claim else cache.pos, CLAIM=claim,
             num_warps=cfg.flush_warps, **flags, **extra,
         )
+        if apart:
+            encode_read_copies(ckpt, read, cache.tickets, state_indices, L, 1,
+                               _sm_count(x.device))
 
     def advance() -> None:  # behind the flush and the weights launch
         advance_clocks_kernel[(1,)](cache.tickets, state_indices, batch, STEP=1, BP=bp_rows,

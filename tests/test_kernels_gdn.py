@@ -12,8 +12,8 @@ import sys
 from precisionlab.kernels.testing import assert_runs_same_bits, kernel_device
 
 DEVICE = kernel_device()  # before the kernel modules are imported
-for _m in ("gdn_extra", "gdn_device", "gdn_flush", "gdn_step", "gdn_verify", "gdn_decode",
-           "gdn_backend"):  # compiled-mode leftovers
+for _m in ("gdn_extra", "gdn_device", "gdn_flush", "gdn_step", "gdn_verify", "read_encode",
+           "gdn_decode", "gdn_backend"):  # compiled-mode leftovers
     if f"precisionlab.kernels.{_m}" in sys.modules:
         importlib.reload(sys.modules[f"precisionlab.kernels.{_m}"])
 
@@ -23,7 +23,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
-from precisionlab.kernels import gdn_decode  # noqa: E402
+from precisionlab.kernels import read_encode  # noqa: E402
 from precisionlab.kernels.gdn_backend import TritonGDNDesign, supports  # noqa: E402
 from precisionlab.kernels.gdn_decode import (  # noqa: E402
     GDNReplayCache,
@@ -601,7 +601,7 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
     leaves its counter and its count of programs done at zero after every flush
     launch."""
     # the encode launch's programs each take several matrices on the CPU (2 "SMs")
-    monkeypatch.setattr(gdn_decode, "ENCODE_CTAS_PER_SM", 1)
+    monkeypatch.setattr(read_encode, "ENCODE_CTAS_PER_SM", 1)
     B, L = 4, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
     idx = torch.tensor([2, 0, -1, 1], dtype=torch.int32, device=DEV)
@@ -767,6 +767,25 @@ def test_read_encode_launch_rejects_what_it_cannot_encode(kw) -> None:
 def test_out_mma_rejects_what_it_cannot_read(kw) -> None:
     with pytest.raises(ValueError, match="out_mma needs the staged launch"):
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, out_mma=True, **kw)
+
+
+def test_read_encode_launch_is_the_staged_fp32_4bit_default() -> None:
+    """Large batches with an fp32 checkpoint encode an nvfp4 or mxfp4 read copy in a
+    launch of their own, and the flush launch then takes the settings of a flush without
+    a read copy; 16-bit checkpoints, fp8 copies, small batches, speculative caches and a
+    launch the user picks keep the flush's own encoder."""
+    big = dict(window=4, device=DEV, batch_hint=256)
+    for read in ("nvfp4", "mxfp4"):
+        c = GDNReplayCache(1, 16, 32, 128, 128, read=read, **big)
+        plain = GDNReplayCache(1, 16, 32, 128, 128, **big).config
+        assert c.read_encode == "launch"
+        for key in ("num_warps", "maxnreg", "flush_ctas_per_sm", "flush_stages", "flush_licm",
+                    "flush_grid", "flush_prefetch", "flush_ring_ahead"):
+            assert c.config[key] == plain[key], key
+    for kw in (dict(checkpoint="fp16-sr", read="nvfp4", **big),
+               dict(read="fp8-e4m3", **big), dict(read="nvfp4", window=4, device=DEV),
+               dict(read="nvfp4", drafts=2, **big), dict(read="nvfp4", launch="split", **big)):
+        assert GDNReplayCache(1, 16, 32, 128, 128, **kw).read_encode == "flush", kw
 
 
 def test_out_mma_is_the_staged_fp8_default() -> None:

@@ -18,12 +18,14 @@ import triton.language as tl  # noqa: E402
 
 from precisionlab import formats  # noqa: E402
 from precisionlab.designs import TorchDesignRunner, shared, split  # noqa: E402
+from precisionlab.kernels import read_encode  # noqa: E402
 from precisionlab.kernels.mamba2_backend import TritonMamba2Design  # noqa: E402
 from precisionlab.kernels.mamba2_spec import mamba2_commit, mamba2_verify  # noqa: E402
 from precisionlab.kernels.mamba2_step import (  # noqa: E402
     HeadParams,
     Mamba2Cache,
     SplitConfig,
+    _read_encode_apart,
     _split_defaults,
     mamba2_conventional_step,
     mamba2_step,
@@ -381,7 +383,7 @@ def test_concurrent_flush_in_a_graph() -> None:
 
 
 @pytest.mark.parametrize("field", ["out_weights", "flush_pass", "flush_tma", "concurrent_flush",
-                                   "evict_first", "flush_grid"])
+                                   "evict_first", "flush_grid", "read_encode"])
 def test_split_config_rejects_unknown_values(field: str) -> None:
     cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format="fp16-sr",
                                  read_format="nvfp4", window=2, device=DEV, launch="split",
@@ -879,6 +881,61 @@ def test_default_flush_grid_by_copy(ck: str, rd: str | None, grid: str) -> None:
         cfg = _split_defaults(SplitConfig(), Pm, 128, Hm, 8, format_id(rd or ck),
                               "nvfp4" in (ck, rd))
         assert cfg.flush_grid == grid
+
+
+@pytest.mark.parametrize("rd", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("conc", [False, True], ids=["sequential", "concurrent-order"])
+def test_read_encode_launch_changes_no_bit(rd: str, conc: bool, monkeypatch) -> None:
+    """An fp32 checkpoint's 4-bit read copy encoded by a launch of its own behind the
+    flush (``SplitConfig.read_encode`` "launch"; its programs each take several heads
+    here) gives the flush's own encoder's outputs, checkpoints and read copies over two
+    windows and a flush step, with the flush after the output launch too (the order a
+    second stream may take)."""
+    monkeypatch.setattr(read_encode, "ENCODE_CTAS_PER_SM", 1)
+    batch, L, P32 = 3, 3, 32
+    head, raws, S0 = _headdim32_problem(batch, L, seed=7, state_seed=6)
+    res = []
+    for enc in ("flush", "launch"):
+        cfg = SplitConfig(read_encode=enc, flush_ctas_per_sm=1, concurrent_flush=conc)
+        cache = Mamba2Cache.allocate(batch, H, P32, N, G, checkpoint_format="fp32",
+                                     read_format=rd, window=L, device=DEV, seed=3,
+                                     launch="split", split_config=cfg)
+        cache.load_state(S0)
+        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                          dt_softplus=True).clone() for r in raws]
+        res.append(ys + cache.ckpt.tensors() + cache.read.tensors())
+    assert_runs_same_bits(res)
+
+
+def test_read_encode_launch_defaults_and_refusals() -> None:
+    """A launch of its own encodes the read copy by default where the checkpoint is fp32
+    and the copy 4-bit; the flush launch then takes the settings of a flush without a
+    read copy; other designs keep the flush's encoder, and "launch" is refused there."""
+    fp32, nv = format_id("fp32"), format_id("nvfp4")
+    for Hm, Pm in ((96, 80), (128, 64)):
+        apart = _split_defaults(SplitConfig(), Pm, 128, Hm, 8, nv, False, True, fp32)
+        plain = _split_defaults(SplitConfig(), Pm, 128, Hm, 8, fp32, False, True)
+        inside = _split_defaults(SplitConfig(), Pm, 128, Hm, 8, nv, True, True)
+        for key in ("flush_warps", "flush_maxnreg", "flush_ctas_per_sm", "flush_stages",
+                    "flush_tma", "flush_grid", "flush_prefetch"):
+            assert getattr(apart, key) == getattr(plain, key), key
+        assert (apart.out_kernel, apart.block_p) == (inside.out_kernel, inside.block_p)
+    stores = {f: StateStore.empty(f, (1, H, P, N), DEV) for f in ("nvfp4", "mxfp4", "fp8-e4m3")}
+    assert _read_encode_apart(None, "fp32", stores["nvfp4"])
+    assert _read_encode_apart(None, "fp32", stores["mxfp4"])
+    assert not _read_encode_apart(None, "fp16-sr", stores["nvfp4"])
+    assert not _read_encode_apart(None, "fp32", stores["fp8-e4m3"])
+    assert not _read_encode_apart("flush", "fp32", stores["nvfp4"])
+    kind, params, raws = setup(steps=1, batch=2)
+    r = raws[0]
+    for ck, rd in (("fp16-sr", "nvfp4"), ("fp32", "fp8-e4m3"), ("fp32", None)):
+        cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format=ck, read_format=rd,
+                                     window=2, device=DEV, launch="split",
+                                     split_config=SplitConfig(read_encode="launch"))
+        with pytest.raises(ValueError, match="read_encode='launch' needs an fp32 checkpoint"):
+            mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
+                        HeadParams(params.A, params.D, params.dt_bias), z=r["z"],
+                        dt_softplus=True)
 
 
 @pytest.mark.parametrize("ck,headdim", [("fp32", 24), ("fp8-e4m3", 32), ("nvfp4", 32)])

@@ -1,0 +1,73 @@
+"""The read copies of a replay step's flushed rows, encoded by a launch of their own
+from the checkpoints the flush launch just wrote (shared by the GDN staged step and the
+Mamba-2 split step).
+
+With an fp32 checkpoint the copy is encoded from the same fp32 values the flush would
+have encoded, so the bits are those of the flush's own encoder and of the torch
+reference, ``formats.get(read).encode(decoded checkpoint)``.  The flush's programs are
+sized for the fold (one warp and up to 255 registers each on an H200) and encode 4-bit
+copies slowly; this launch runs whole-matrix programs of 4 warps, 8 per SM.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .state import StateStore
+from .tl_formats import K_NVFP4, load_state, matrix_amax, store_state_with
+
+ENCODE_CTAS_PER_SM = 8
+"""Programs per SM of the persistent encode launch."""
+
+
+@triton.jit
+def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, f_data, f_s1, f_s2, B,
+                              PCLK, L, H: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+                              FB: tl.constexpr, BP: tl.constexpr, C_FMT: tl.constexpr,
+                              F_FMT: tl.constexpr):
+    """Persistent: every program reads the clocks of all B rows (a row flushed this step
+    where ``tickets // PCLK`` is at ring position L - 1; the clocks advance only after
+    the flush) and takes every G-th (flushed row, head) matrix of P x N, so a step that
+    flushes nothing costs one vector load per program.  nvfp4: a pass for the matrix
+    amax, then one that encodes."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    offs_b = tl.arange(0, BP)
+    inb = offs_b < B
+    sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
+    t = tl.load(tickets + tl.maximum(sl, 0), mask=sl >= 0, other=0) // PCLK
+    flag = (sl >= 0) & (t % L == L - 1)
+    key = tl.where(flag, tl.cumsum(flag.to(tl.int32), axis=0), 0)  # j + 1 at the j-th
+    units = tl.sum(flag.to(tl.int32), axis=0) * H
+    NCH: tl.constexpr = (P + FB - 1) // FB
+    u = pid
+    while u < units:
+        slot = tl.sum(tl.where(key == u // H + 1, sl, 0), axis=0)
+        mat = slot.to(tl.int64) * H + u % H
+        amax = 0.0
+        if F_FMT == K_NVFP4:
+            for c in tl.range(0, NCH):
+                offs_p = c * FB + tl.arange(0, FB)
+                S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
+                amax = tl.maximum(amax, matrix_amax(S))
+        for c in tl.range(0, NCH):
+            offs_p = c * FB + tl.arange(0, FB)
+            S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
+            store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0, amax,
+                             F_FMT, FB, N, True)
+        u += G
+
+
+def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indices,
+                       window: int, programs_per_slot: int, n_sm: int):
+    """Launch :func:`encode_read_copies_kernel` for a batch (``state_indices``) whose
+    flush launch has just run; returns the compiled kernel."""
+    slots, H, P, N = ckpt.shape
+    B = state_indices.shape[0]
+    fb = 32 if P % 32 == 0 else 16
+    grid = (max(1, min(B * H, n_sm * ENCODE_CTAS_PER_SM)),)
+    return encode_read_copies_kernel[grid](
+        tickets, state_indices, *ckpt.kernel_args(), *read.kernel_args(), B,
+        programs_per_slot, window, H, P, N, fb, max(16, triton.next_power_of_2(B)),
+        ckpt.fmt_id, read.fmt_id, num_warps=4)
