@@ -52,28 +52,16 @@ def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bench_phases_without_gpu_exits_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("script,args", [
+    ("bench_phases.py", []),
+    ("time_split_configs.py", ["--config", "", "--config", "maxnreg=96 tail_tile=true"]),
+    ("probe_nvfp4_encode.py", []),
+])
+def test_timing_scripts_without_gpu_exit_2(script: str, args: list[str], tmp_path: Path) -> None:
     if __import__("torch").cuda.is_available():
         pytest.skip("a GPU is present")
-    out = tmp_path / "phases.json"
-    r = run("bench_phases.py", "--out", str(out), tmp=tmp_path)
-    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not out.exists()
-
-
-def test_time_split_configs_without_gpu_exits_2(tmp_path: Path) -> None:
-    if __import__("torch").cuda.is_available():
-        pytest.skip("a GPU is present")
-    out = tmp_path / "configs.json"
-    r = run("time_split_configs.py", "--config", "", "--config", "maxnreg=96 tail_tile=true",
-            "--out", str(out), tmp=tmp_path)
-    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not out.exists()
-
-
-def test_probe_nvfp4_encode_without_gpu_exits_2(tmp_path: Path) -> None:
-    if __import__("torch").cuda.is_available():
-        pytest.skip("a GPU is present")
-    out = tmp_path / "encode.json"
-    r = run("probe_nvfp4_encode.py", "--out", str(out), tmp=tmp_path)
+    out = tmp_path / "timings.json"
+    r = run(script, *args, "--out", str(out), tmp=tmp_path)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not out.exists()
 
 
