@@ -19,6 +19,11 @@ from .tl_formats import K_NVFP4, load_state, matrix_amax, store_state_with
 
 ENCODE_CTAS_PER_SM = 8
 """Programs per SM of the persistent encode launch."""
+ENCODE_ROWS = 0
+"""Rows per tile of the encode launch (0: 32 where they divide the matrix, else 16; a
+tile of the whole matrix reads it once, else an amax pass precedes the encode pass)."""
+ENCODE_WARPS = 4
+"""Warps per program of the encode launch."""
 
 
 @triton.jit
@@ -46,16 +51,24 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, f_data, f_
         slot = tl.sum(tl.where(key == u // H + 1, sl, 0), axis=0)
         mat = slot.to(tl.int64) * H + u % H
         amax = 0.0
-        if F_FMT == K_NVFP4:
+        if NCH == 1:  # the whole matrix in one tile: one read
+            offs_p = tl.arange(0, FB)
+            S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
+            if F_FMT == K_NVFP4:
+                amax = matrix_amax(S)
+            store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0, amax,
+                             F_FMT, FB, N, True)
+        elif F_FMT == K_NVFP4:
             for c in tl.range(0, NCH):
                 offs_p = c * FB + tl.arange(0, FB)
                 S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
                 amax = tl.maximum(amax, matrix_amax(S))
-        for c in tl.range(0, NCH):
-            offs_p = c * FB + tl.arange(0, FB)
-            S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
-            store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0, amax,
-                             F_FMT, FB, N, True)
+        if NCH > 1:
+            for c in tl.range(0, NCH):
+                offs_p = c * FB + tl.arange(0, FB)
+                S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
+                store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0,
+                                 amax, F_FMT, FB, N, True)
         u += G
 
 
@@ -65,9 +78,9 @@ def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indice
     flush launch has just run; returns the compiled kernel."""
     slots, H, P, N = ckpt.shape
     B = state_indices.shape[0]
-    fb = 32 if P % 32 == 0 else 16
+    fb = ENCODE_ROWS or (32 if P % 32 == 0 else 16)
     grid = (max(1, min(B * H, n_sm * ENCODE_CTAS_PER_SM)),)
     return encode_read_copies_kernel[grid](
         tickets, state_indices, *ckpt.kernel_args(), *read.kernel_args(), B,
-        programs_per_slot, window, H, P, N, fb, max(16, triton.next_power_of_2(B)),
-        ckpt.fmt_id, read.fmt_id, num_warps=4)
+        programs_per_slot, window, H, P, N, min(fb, P), max(16, triton.next_power_of_2(B)),
+        ckpt.fmt_id, read.fmt_id, num_warps=ENCODE_WARPS)

@@ -585,9 +585,11 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     ("fp32", "fp8-e4m3", {"flush_evict": True}),
     ("fp16-sr", "nvfp4", {"flush_evict": True}),
     ("fp32", "nvfp4", {"read_encode": "launch"}),
-    ("fp32", "mxfp4", {"read_encode": "launch"})],
+    ("fp32", "mxfp4", {"read_encode": "launch"}),
+    ("fp32", "nvfp4", {"read_encode": "launch", "encode_rows": 16})],
     ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32",
-         "evict-fp8", "evict-nvfp4", "encode-launch-nvfp4", "encode-launch-mxfp4"])
+         "evict-fp8", "evict-nvfp4", "encode-launch-nvfp4", "encode-launch-mxfp4",
+         "encode-launch-chunks-nvfp4"])
 def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict,
                                          monkeypatch) -> None:
     """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
@@ -600,8 +602,11 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
     own encoder; the dynamic grid
     leaves its counter and its count of programs done at zero after every flush
     launch."""
-    # the encode launch's programs each take several matrices on the CPU (2 "SMs")
+    # the encode launch's programs each take several matrices on the CPU (2 "SMs"), as
+    # one tile (32 rows) or in 16-row chunks (an amax pass, then an encode pass)
     monkeypatch.setattr(read_encode, "ENCODE_CTAS_PER_SM", 1)
+    variant = dict(variant)
+    monkeypatch.setattr(read_encode, "ENCODE_ROWS", variant.pop("encode_rows", 0))
     B, L = 4, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
     idx = torch.tensor([2, 0, -1, 1], dtype=torch.int32, device=DEV)
