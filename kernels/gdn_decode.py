@@ -96,7 +96,7 @@ from .codec import as_int32
 from .gdn_flush import _commit_counters, _flush_kernel
 from .gdn_step import _conventional_kernel, _out_kernel, _prep_kernel, _replay_kernel
 from .gdn_verify import _verify_kernel, _vout_kernel, _vout_mm_kernel, _vprep_kernel
-from .read_encode import encode_read_copies
+from .read_encode import encode_read_copies, encodes_apart
 from .state import DENSE_FORMATS, StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NONE, compiled_on
@@ -259,8 +259,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     out_mma=False, flush_ring_ahead=False, flush_evict=False,
                     read_encode="flush")
     if read_encode is None:
-        read_encode = "launch" if checkpoint == "fp32" and read in ("nvfp4", "mxfp4") \
-            else "flush"
+        read_encode = "launch" if encodes_apart(checkpoint, read) else "flush"
     # the flush launch's settings follow what it writes: without the read copy where a
     # launch of its own encodes that (``read_encode="launch"``)
     fread = None if read_encode == "launch" else read
@@ -561,8 +560,7 @@ class GDNReplayCache:
             raise ValueError(f"read_encode must be one of {READ_ENCODES}, got "
                              f"{self.read_encode!r}")
         if self.read_encode == "launch" and (self.launch != "staged" or drafts
-                                             or checkpoint != "fp32"
-                                             or read not in ("nvfp4", "mxfp4")):
+                                             or not encodes_apart(checkpoint, read)):
             raise ValueError(f"read_encode='launch' needs the staged launch, no drafts, an "
                              f"fp32 checkpoint and an nvfp4 or mxfp4 read copy, got launch "
                              f"{self.launch!r}, drafts {drafts}, {checkpoint!r} + {read!r}")

@@ -26,7 +26,7 @@ from .mamba2_fast import (
     m2_weights_kernel,
 )
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
-from .read_encode import encode_read_copies
+from .read_encode import encode_read_copies, encodes_apart
 from .state import DENSE_FORMATS, StateStore
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
@@ -373,13 +373,10 @@ class Mamba2Cache:
         return self.ckpt.nbytes(), self.reader.nbytes()
 
 
-_FOUR_BIT = ("nvfp4", "mxfp4")
-
-
 def _read_encode_apart(read_encode: str | None, ckpt: str, read: StateStore | None) -> bool:
     """Whether a split step's read copy is encoded by a launch of its own
     (``SplitConfig.read_encode``)."""
-    fits = ckpt == "fp32" and read is not None and read.fmt in _FOUR_BIT
+    fits = read is not None and encodes_apart(ckpt, read.fmt)
     if read_encode is None:
         return fits
     if read_encode not in ("flush", "launch"):

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .state import StateStore
+from .tl_common import batch_slots
 from .tl_formats import K_NVFP4, load_state, matrix_amax, store_state_with
 
 ENCODE_CTAS_PER_SM = 8
@@ -24,6 +25,12 @@ ENCODE_ROWS = 0
 tile of the whole matrix reads it once, else an amax pass precedes the encode pass)."""
 ENCODE_WARPS = 4
 """Warps per program of the encode launch."""
+
+
+def encodes_apart(checkpoint: str, read: str | None) -> bool:
+    """Whether a launch of its own can encode the read copy (the same bits): an fp32
+    checkpoint and an nvfp4 or mxfp4 read copy."""
+    return checkpoint == "fp32" and read in ("nvfp4", "mxfp4")
 
 
 @triton.jit
@@ -38,17 +45,15 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, f_data, f_
     amax, then one that encodes."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
-    offs_b = tl.arange(0, BP)
-    inb = offs_b < B
-    sl = tl.load(state_idx + offs_b, mask=inb, other=-1)
-    t = tl.load(tickets + tl.maximum(sl, 0), mask=sl >= 0, other=0) // PCLK
-    flag = (sl >= 0) & (t % L == L - 1)
+    _, _, live, sl0 = batch_slots(state_idx, B, BP)
+    t = tl.load(tickets + sl0, mask=live, other=0) // PCLK
+    flag = live & (t % L == L - 1)
     key = tl.where(flag, tl.cumsum(flag.to(tl.int32), axis=0), 0)  # j + 1 at the j-th
     units = tl.sum(flag.to(tl.int32), axis=0) * H
     NCH: tl.constexpr = (P + FB - 1) // FB
     u = pid
     while u < units:
-        slot = tl.sum(tl.where(key == u // H + 1, sl, 0), axis=0)
+        slot = tl.sum(tl.where(key == u // H + 1, sl0, 0), axis=0)
         mat = slot.to(tl.int64) * H + u % H
         amax = 0.0
         if NCH == 1:  # the whole matrix in one tile: one read
@@ -82,5 +87,5 @@ def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indice
     grid = (max(1, min(B * H, n_sm * ENCODE_CTAS_PER_SM)),)
     return encode_read_copies_kernel[grid](
         tickets, state_indices, *ckpt.kernel_args(), *read.kernel_args(), B,
-        programs_per_slot, window, H, P, N, min(fb, P), max(16, triton.next_power_of_2(B)),
+        programs_per_slot, window, H, P, N, fb, max(16, triton.next_power_of_2(B)),
         ckpt.fmt_id, read.fmt_id, num_warps=ENCODE_WARPS)
