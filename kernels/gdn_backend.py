@@ -20,6 +20,7 @@ import torch
 from precisionlab.designs import Design
 
 from .gdn_decode import GDNReplayCache
+from .state import split_unsupported
 from .tl_formats import FORMAT_IDS
 
 
@@ -30,6 +31,9 @@ def supports(design: Design, kind) -> str | None:
     for f in {design.checkpoint_format, design.read_format}:
         if f not in FORMAT_IDS:
             return f"format {f!r} has no Triton kernel path"
+    if design.kind == "split" and (why := split_unsupported(design.checkpoint_format,
+                                                            design.read_format)):
+        return why
     HV, V, K = kind.preset.state_shape
     for name, dim in (("K", K), ("V", V)):
         if dim & (dim - 1) or dim < 16:

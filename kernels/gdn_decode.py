@@ -91,13 +91,15 @@ from __future__ import annotations
 import torch
 import triton
 
+from precisionlab import formats
+
 from .clocks import FlushStream, advance_clocks_kernel
 from .codec import as_int32
 from .gdn_flush import _commit_counters, _flush_kernel
 from .gdn_step import _conventional_kernel, _out_kernel, _prep_kernel, _replay_kernel
 from .gdn_verify import _verify_kernel, _vout_kernel, _vout_mm_kernel, _vprep_kernel
 from .read_encode import encode_read_copies, encodes_apart
-from .state import DENSE_FORMATS, StateStore
+from .state import DENSE_FORMATS, StateStore, split_unsupported
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NONE, compiled_on
 
@@ -431,8 +433,9 @@ class GDNReplayCache:
       its own behind it on the same stream encodes the flushed rows' read copies from
       their checkpoints: :func:`read_encode.encode_read_copies`, persistent programs of
       4 warps, 8 per SM, whole matrices in 32-row chunks).  "launch" needs the staged
-      launch, no drafts, an fp32 checkpoint (so the copy is encoded from the same fp32
-      values: the same bits) and an nvfp4 or mxfp4 copy, and is the default there: the
+      launch, no drafts, a dense checkpoint (the copy encodes the checkpoint's stored
+      values either way: the same bits) and an nvfp4 or mxfp4 copy, and is the default
+      there: the
       flush's one-warp programs, sized for the fold, encode 4-bit copies slowly.  H200,
       batch 256, L = 16, us per step (flush step): qwen3.5-4b nvfp4 110.9 -> 102.0 (858
       -> 695), mxfp4 139.4 -> 116.5 (1021 -> 618); qwen3.5-122b nvfp4 203.2 -> 179.2
@@ -485,6 +488,8 @@ class GDNReplayCache:
     ):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
+        if (why := split_unsupported(checkpoint, read)) is not None:
+            raise ValueError(why)
         if v_heads % k_heads:
             raise ValueError(f"v_heads ({v_heads}) must be a multiple of k_heads ({k_heads})")
         if dot_precision not in DOT_PRECISIONS:
@@ -561,8 +566,8 @@ class GDNReplayCache:
                              f"{self.read_encode!r}")
         if self.read_encode == "launch" and (self.launch != "staged" or drafts
                                              or not encodes_apart(checkpoint, read)):
-            raise ValueError(f"read_encode='launch' needs the staged launch, no drafts, an "
-                             f"fp32 checkpoint and an nvfp4 or mxfp4 read copy, got launch "
+            raise ValueError(f"read_encode='launch' needs the staged launch, no drafts, a "
+                             f"dense checkpoint and an nvfp4 or mxfp4 read copy, got launch "
                              f"{self.launch!r}, drafts {drafts}, {checkpoint!r} + {read!r}")
         out_fmt = read if read is not None else checkpoint
         if self.out_mma and (self.launch != "staged" or out_fmt not in _MMA_KINDS):
@@ -680,8 +685,9 @@ class GDNReplayCache:
         return t.view(self.ring_dtype) if t.dtype == torch.int16 else t
 
     def reset(self, S0: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
-        """Load a float state (zeros if None) into checkpoint and read copy (encoded by
-        the torch formats, SR step 0) and clear the counters of ``slots`` (all if None)."""
+        """Load a float state (zeros if None) into the checkpoint and the read copy of
+        that checkpoint (encoded by the torch formats, SR step 0) and clear the counters
+        of ``slots`` (all if None)."""
         device = self.ring_g.device
         if S0 is None:
             n = self.slots if slots is None else len(slots)
@@ -689,7 +695,8 @@ class GDNReplayCache:
         S0 = S0.to(device=device, dtype=torch.float32)
         store_into(self.ckpt, S0, seed=self.seed, step=0, slots=slots)
         if self.read is not None:
-            store_into(self.read, S0, seed=self.seed + 1, step=0, slots=slots)
+            S_ck = formats.get(self.ckpt.fmt).quantize(S0, seed=self.seed, step=0)
+            store_into(self.read, S_ck, seed=self.seed + 1, step=0, slots=slots)
         self.counters.reset(slots)
 
     def _copies(self):

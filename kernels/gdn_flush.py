@@ -28,11 +28,12 @@ from .tl_formats import (
     K_NONE,
     K_NVFP4,
     decode_tile,
+    flush_amax,
     fp8_encode_hw,
     load_state,
-    matrix_amax,
     store_codes,
     store_state_with,
+    stored_values,
 )
 from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
 
@@ -203,7 +204,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
                              offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
                              C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
-            amax = tl.maximum(amax, matrix_amax(Sn))
+            amax = tl.maximum(amax, flush_amax(Sn, mat, offs_v, V, seed, t, C_FMT, F_FMT,
+                                                   FB, K))
             tl.store(scr + (offs_v - v0)[:, None] * K + offs_k[None, :], Sn)
             _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, not C4,
@@ -225,7 +227,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                          valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
                          DOT, ck_desc, TMA, v0)
         if AMAX:
-            amax = matrix_amax(Sn)
+            amax = flush_amax(Sn, mat, offs_v, V, seed, t, C_FMT, F_FMT, FB, K)
         _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                     offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST,
                     HW, ck_desc, TMA, v0, EVICT)
@@ -236,7 +238,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
                                  offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
                                  C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
-                amax = tl.maximum(amax, matrix_amax(Sn))
+                amax = tl.maximum(amax, flush_amax(Sn, mat, offs_v, V, seed, t, C_FMT, F_FMT,
+                                                   FB, K))
         if VPRE:
             v_next = _next_v_raw(ring_v, rbase, h, v0, 0, valid, NC, HV, V, FB, RP, RING)
         for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
@@ -285,8 +288,9 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
                 FAST: tl.constexpr = False, HW: tl.constexpr = False, ck_desc=None,
                 TMA: tl.constexpr = False, row0=0, EVICT: tl.constexpr = False):
     """Store fresh rows: the fp32 state (FRESH), the checkpoint (W_C; SR seed), the read
-    copy (W_F; seed + 1) and, for a step flush, the step's output ``S q``.  HW (compiled
-    code only): an fp8 read copy by the hardware conversion
+    copy of the checkpoint's stored values (W_F; seed + 1) and, for a step flush, the
+    step's output ``S q``.  HW (compiled code only): an fp8 read copy by the hardware
+    conversion
     (``tl_formats.fp8_encode_hw``, the same bits).  TMA with an fp32 checkpoint: the
     rows go out through the tensor descriptor ``ck_desc`` (a bulk store from shared
     memory; ``row0``: the first of ``offs_v``).  EVICT: the checkpoint's and read copy's
@@ -295,17 +299,22 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
     if FRESH:
         offs_k = tl.arange(0, K)
         tl.store(fresh + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], Sn)
+    Sr = Sn  # what the read copy encodes: the checkpoint's stored values
     if W_C and TMA and (C_FMT == K_FP32):
         ck_desc.store([(mat * V + row0).to(tl.int32), 0], Sn)
     elif W_C:
-        store_state_with(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax, C_FMT,
-                         FB, K, FAST, EVICT)
+        Sc = store_state_with(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax,
+                              C_FMT, FB, K, FAST, EVICT)
+        if C_FMT != K_FP32:
+            Sr = Sc
+    elif W_F and (F_FMT != K_NONE) and (C_FMT != K_FP32):
+        Sr = stored_values(Sn, mat, offs_v, V, seed, t, C_FMT, FB, K)
     if W_F and HW and (F_FMT == K_FP8):
-        codes, s1 = fp8_encode_hw(Sn)
+        codes, s1 = fp8_encode_hw(Sr)
         store_codes(f_data, f_s1, f_s2, codes, s1, 0.0, mat, offs_v, mrow, V, F_FMT, FB, K,
                     EVICT)
     elif W_F and (F_FMT != K_NONE):
-        store_state_with(f_data, f_s1, f_s2, Sn, mat, offs_v, mrow, V, seed + 1, t, amax,
+        store_state_with(f_data, f_s1, f_s2, Sr, mat, offs_v, mrow, V, seed + 1, t, amax,
                          F_FMT, FB, K, FAST, EVICT)
     if STEP:
         tl.store(out_row + offs_v, tl.sum(Sn * q[None, :], axis=1))

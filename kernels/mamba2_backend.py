@@ -16,6 +16,7 @@ import torch
 from precisionlab.designs import Design
 
 from .mamba2_step import HeadParams, Mamba2Cache, mamba2_step
+from .state import split_unsupported
 from .tl_formats import FORMAT_IDS
 
 
@@ -26,6 +27,9 @@ def supports(design: Design, kind) -> str | None:
     for f in {design.checkpoint_format, design.read_format}:
         if f not in FORMAT_IDS:
             return f"format {f!r} has no Triton kernel path"
+    if design.kind == "split" and (why := split_unsupported(design.checkpoint_format,
+                                                            design.read_format)):
+        return why
     N = kind.preset.state_dim
     if N & (N - 1) or N < 16:
         return f"dstate {N} is not a power of two >= 16"

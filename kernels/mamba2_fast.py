@@ -84,11 +84,11 @@ from .tl_formats import (
     K_MXFP4,
     K_NVFP4,
     decode_tile,
+    flush_amax,
     load_codes,
-    matrix_amax,
     tile_offsets,
 )
-from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast
+from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast, store_read_fast
 from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
 
 
@@ -160,14 +160,15 @@ def _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, ro
                   FB: tl.constexpr, N: tl.constexpr, HW_CVT: tl.constexpr,
                   FAST_ENC: tl.constexpr, ONE_PASS: tl.constexpr, W_CK: tl.constexpr,
                   W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False):
-    """Store fresh rows: the checkpoint (``W_CK``), the read copy (``W_RD``), the fp32
+    """Store fresh rows: the checkpoint (``W_CK``), the read copy of its stored values
+    (``W_RD``), the fp32
     state (``W_FRESH``); ``EVICT``: the copies' stores evict first from L2."""
     if W_CK:
         store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
                    HW_CVT, FAST_ENC, ONE_PASS, EVICT)
     if W_RD:
-        store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB, N,
-                   HW_CVT, FAST_ENC, ONE_PASS, EVICT)
+        store_read_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck, seed_rd, t, amax,
+                        CK_FMT, RD_FMT, FB, N, HW_CVT, FAST_ENC, ONE_PASS, EVICT)
     if W_FRESH:
         tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
 
@@ -359,7 +360,8 @@ def m2_flush_kernel(
                 rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
                                           HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING,
                                           NEED_AMAX, ck_desc, TMA)
-                amax = tl.maximum(amax, matrix_amax(Sn))
+                amax = tl.maximum(amax, flush_amax(Sn, mat, rows, P, seed_ck, t, CK_FMT, RD_FMT,
+                                                   FB, N))
                 _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                            HAS_Z)
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
@@ -380,7 +382,8 @@ def m2_flush_kernel(
                     rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h,
                                               rx_h, HP, offs_r, c, w, decay, eB, CK_FMT, FB, N,
                                               RING, NEED_AMAX, ck_desc, TMA)
-                    amax = tl.maximum(amax, matrix_amax(Sn))
+                    amax = tl.maximum(amax, flush_amax(Sn, mat, rows, P, seed_ck, t, CK_FMT, RD_FMT,
+                                                   FB, N))
             for q in tl.range(0, NQ, num_stages=NSF):
                 if PF > 0:
                     _prefetch_ahead(ck_c, ring_x, x_ptr, z_ptr, q, slot, bidx, h, r0, slot2,

@@ -56,13 +56,13 @@ from .tl_common import (
 from .tl_formats import (
     K_NVFP4,
     decode_tile,
+    flush_amax,
     load_codes,
     load_state,
-    matrix_amax,
     store_state,
     tile_offsets,
 )
-from .tl_mamba2_fast import store_fast
+from .tl_mamba2_fast import store_fast, store_read_fast
 
 MODE_STEP = 1
 MODE_VERIFY = 2
@@ -97,8 +97,8 @@ def _encode_posted(sync, amax, scr, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, mat,
                 store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, step, amax_mat,
                            CK_FMT, FB, N, HW_CVT, True)
             if SPLIT and (RD_FMT == K_NVFP4):
-                store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, step, amax_mat,
-                           RD_FMT, FB, N, HW_CVT, True)
+                store_read_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck, seed_rd, step,
+                                amax_mat, CK_FMT, RD_FMT, FB, N, HW_CVT, True)
 
 
 @triton.jit
@@ -176,15 +176,17 @@ def fold_committed(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, P, rx
             rows = qq * FB + tl.arange(0, FB)
             Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, rows < P, P, rx_h, HP,
                              offs_r, c, last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
-            amax = tl.maximum(amax, matrix_amax(Sn))
+            amax = tl.maximum(amax, flush_amax(Sn, mat, rows, P, seed_ck, step, CK_FMT,
+                                               RD_FMT, FB, N))
     for qq in range(NQ):
         rows = qq * FB + tl.arange(0, FB)
         m = rows < P
         Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P, rx_h, HP, offs_r, c,
                          last, w, rB, 0.0, 0, CK_FMT, FB, N, RING, False)
-        store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, step, amax, CK_FMT, FB, N)
-        if SPLIT:
-            store_state(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, step, amax, RD_FMT,
+        Sc = store_state(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, step, amax, CK_FMT,
+                         FB, N)
+        if SPLIT:  # the read copy of the checkpoint's stored values
+            store_state(rd_c, rd_s1, rd_s2, Sc, mat, rows, m, P, seed_rd, step, amax, RD_FMT,
                         FB, N)
         if WRITE_FRESH:
             tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn, mask=m[:, None])
@@ -314,7 +316,8 @@ def mamba2_kernel(
                         Sn = _fold_chunk(ck_c, ck_s1, ck_s2, s2_old, mat, rows, m, P,
                                          rx_b + h * P, HP, offs_r, c, last, w, eB, x_c, c,
                                          CK_FMT, FB, N, RING, True)
-                        amax = tl.maximum(amax, matrix_amax(Sn))
+                        amax = tl.maximum(amax, flush_amax(Sn, mat, rows, P, seed_ck, t,
+                                                           CK_FMT, RD_FMT, FB, N))
                 for qq in range(NQ):
                     rows = r0 + qq * FB + tl.arange(0, FB)
                     m = rows < P
@@ -333,13 +336,14 @@ def mamba2_kernel(
                         store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t,
                                    amax, CK_FMT, FB, N, HW_CVT, True)
                     if SPLIT and ((PARTS == 0) or (RD_FMT != K_NVFP4)):
-                        store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, t,
-                                   amax, RD_FMT, FB, N, HW_CVT, True)
+                        store_read_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck,
+                                        seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT, True)
                     if WRITE_FRESH:
                         tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
                                  mask=m[:, None])
                     if PARTS > 0:
-                        amax = tl.maximum(amax, matrix_amax(Sn))  # (masked rows are 0)
+                        amax = tl.maximum(amax, flush_amax(  # (masked rows are 0)
+                            Sn, mat, rows, P, seed_ck, t, CK_FMT, RD_FMT, FB, N))
                         tl.store(scr_ptr + (b * H + h) * P * N + tile_offsets(rows, N), Sn,
                                  mask=m[:, None])
                 if PARTS > 0:

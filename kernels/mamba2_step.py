@@ -27,7 +27,7 @@ from .mamba2_fast import (
 )
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .read_encode import encode_read_copies, encodes_apart
-from .state import DENSE_FORMATS, StateStore
+from .state import DENSE_FORMATS, StateStore, split_unsupported
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
 
@@ -147,9 +147,9 @@ class SplitConfig:
     flush encodes the read copy beside the checkpoint) or "launch" (the flush writes
     the checkpoint only, with the settings of a flush without a read copy, and a launch
     of its own behind it encodes the flushed heads' read copies from their checkpoints:
-    ``read_encode.encode_read_copies``); "launch" needs an fp32 checkpoint (the same
-    fp32 values: the same bits) and an nvfp4 or mxfp4 read copy, and None means it
-    there (H200, batch 256, L = 16, us per step, nano-4b / super-120b: nvfp4 193.5 ->
+    ``read_encode.encode_read_copies``, the same bits); "launch" needs a dense
+    checkpoint (``read_encode.encodes_apart``) and an nvfp4 or mxfp4 read copy, and None
+    means it there (H200, batch 256, L = 16, us per step, nano-4b / super-120b: nvfp4 193.5 ->
     186.1 / 193.9 -> 185.1, mxfp4 203.1 -> 176.4 / 202.7 -> 175.2; the flush step
     1373 -> 1226 / 1477 -> 1293 and 1518 -> 1062 / 1625 -> 1153).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
@@ -275,6 +275,8 @@ class Mamba2Cache:
             raise ValueError(f"ring dtype must be fp32, bf16 or fp16, got {ring_dtype}")
         if window < 1:
             raise ValueError("window must be >= 1")
+        if (why := split_unsupported(checkpoint_format, read_format)) is not None:
+            raise ValueError(why)
         if launch is None:
             launch = "split" if slots * heads >= SPLIT_MIN_ROWS else "fused"
         if launch not in ("fused", "split"):
@@ -354,10 +356,12 @@ class Mamba2Cache:
 
     def load_state(self, S: torch.Tensor, step: int = 0) -> None:
         """Store fp32 states ``S`` (slots, heads, P, N) as the checkpoint (seed) and
-        read copy (seed + 1) with the torch formats; empty the rings and counters."""
+        the read copy of that checkpoint (seed + 1) with the torch formats; empty the
+        rings and counters."""
         self.ckpt.copy_(StateStore.encode(S, self.ckpt.fmt, seed=self.seed, step=step))
         if self.read is not None:
-            self.read.copy_(StateStore.encode(S, self.read.fmt, seed=self.seed + 1, step=step))
+            self.read.copy_(StateStore.encode(self.ckpt.decode(), self.read.fmt,
+                                              seed=self.seed + 1, step=step))
         self.reset_counters()
 
     def reset_counters(self, slots: torch.Tensor | None = None) -> None:
@@ -382,7 +386,7 @@ def _read_encode_apart(read_encode: str | None, ckpt: str, read: StateStore | No
     if read_encode not in ("flush", "launch"):
         raise ValueError(f"read_encode must be 'flush' or 'launch', got {read_encode!r}")
     if read_encode == "launch" and not fits:
-        raise ValueError(f"read_encode='launch' needs an fp32 checkpoint and an nvfp4 or "
+        raise ValueError(f"read_encode='launch' needs a dense checkpoint and an nvfp4 or "
                          f"mxfp4 read copy, got {ckpt!r} + "
                          f"{read.fmt if read is not None else None!r}")
     return read_encode == "launch"

@@ -2,11 +2,12 @@
 from the checkpoints the flush launch just wrote (shared by the GDN staged step and the
 Mamba-2 split step).
 
-With an fp32 checkpoint the copy is encoded from the same fp32 values the flush would
-have encoded, so the bits are those of the flush's own encoder and of the torch
-reference, ``formats.get(read).encode(decoded checkpoint)``.  The flush's programs are
-sized for the fold (one warp and up to 255 registers each on an H200) and encode 4-bit
-copies slowly; this launch runs whole-matrix programs of 4 warps, 8 per SM.
+A split design's read copy encodes the checkpoint's stored values (``designs.store_state``),
+so the copy is encoded from the same values the flush would have encoded, and the bits
+are those of the flush's own encoder and of the torch reference,
+``formats.get(read).encode(decoded checkpoint)``.  The flush's programs are sized for the
+fold (one warp and up to 255 registers each on an H200) and encode 4-bit copies slowly;
+this launch runs whole-matrix programs of 4 warps, 8 per SM.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .state import StateStore
+from .state import DENSE_FORMATS, StateStore
 from .tl_common import batch_slots
 from .tl_formats import K_NVFP4, load_state, matrix_amax, store_state_with
 
@@ -28,9 +29,9 @@ ENCODE_WARPS = 4
 
 
 def encodes_apart(checkpoint: str, read: str | None) -> bool:
-    """Whether a launch of its own can encode the read copy (the same bits): an fp32
-    checkpoint and an nvfp4 or mxfp4 read copy."""
-    return checkpoint == "fp32" and read in ("nvfp4", "mxfp4")
+    """Whether a launch of its own encodes the read copy: a dense checkpoint (fp32, or
+    16 bits with or without stochastic rounding) and an nvfp4 or mxfp4 read copy."""
+    return checkpoint in DENSE_FORMATS and read in ("nvfp4", "mxfp4")
 
 
 @triton.jit

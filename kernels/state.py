@@ -24,6 +24,15 @@ DENSE_FORMATS = tuple(_CODE_DTYPE)
 """Formats stored as one plain ``(..., rows, cols)`` array, without scales."""
 
 
+def split_unsupported(checkpoint: str, read: str | None) -> str | None:
+    """Why the kernels cannot keep a split design with these copies, or None.  A read
+    copy encodes the checkpoint's stored values, which an nvfp4 checkpoint (its scale
+    needs the whole matrix) does not give the flush's encoders row by row."""
+    if read is not None and checkpoint == "nvfp4":
+        return "the kernels keep no read copy beside an nvfp4 checkpoint"
+    return None
+
+
 @dataclass
 class StateStore:
     """``(slots, heads, rows, cols)`` state matrices stored in format ``fmt``.

@@ -746,6 +746,37 @@ def store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step
 
 
 @triton.jit
+def stored_values(S, mat, offs_p, P, seed, step, FMT: tl.constexpr, BLOCK_P: tl.constexpr,
+                  N: tl.constexpr, FAST: tl.constexpr = True):
+    """The float32 values :func:`store_state` would store for tile ``S`` in ``FMT`` (the
+    same stochastic-rounding stream), without storing them: what a split design's read
+    copy encodes.  ``S`` itself for fp32; not for nvfp4 (its scale needs the matrix)."""
+    if FMT == K_FP32:
+        return S
+    else:
+        if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
+            index = element_index(mat, offs_p, P, N)
+            key = sr_key(seed, step)
+        else:
+            index = 0
+            key = 0
+        codes, s1, s2 = encode_tile_with(S, FMT, index, key, 0.0, BLOCK_P, N, FAST)
+        return decode_tile(codes, s1, s2, FMT, BLOCK_P, N)
+
+
+@triton.jit
+def flush_amax(S, mat, offs_p, P, seed_ck, step, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
+               BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """The amax of fresh rows ``S`` that a flush's nvfp4 store takes: for a split's nvfp4
+    read copy (F_FMT), that of the values the checkpoint (C_FMT, SR seed ``seed_ck``)
+    stores, which the copy encodes; else (an nvfp4 checkpoint) that of ``S``."""
+    if (F_FMT == K_NVFP4) and (C_FMT != K_FP32) and (C_FMT != K_NVFP4):
+        return matrix_amax(stored_values(S, mat, offs_p, P, seed_ck, step, C_FMT, BLOCK_P, N))
+    else:
+        return matrix_amax(S)
+
+
+@triton.jit
 def store_state_with(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
                      amax_mat, FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
                      FAST: tl.constexpr, EVICT: tl.constexpr = False):

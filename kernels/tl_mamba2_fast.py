@@ -43,6 +43,7 @@ from .tl_formats import (
     sr_key,
     sr_round_fast,
     store_codes,
+    stored_values,
 )
 
 TWO63 = tl.constexpr(9.223372036854775808e18)
@@ -136,3 +137,17 @@ def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
         codes, s1, s2 = encode_tile(S, FMT, 0, 0, amax_mat, BLOCK_P, N)
     store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P, FMT, BLOCK_P,
                 N, EVICT)
+
+
+@triton.jit
+def store_read_fast(rd_c, rd_s1, rd_s2, S, mat, offs_p, mask_p, P, seed_ck, seed_rd, step,
+                    amax_mat, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
+                    BLOCK_P: tl.constexpr, N: tl.constexpr, HW_CVT: tl.constexpr = False,
+                    FAST_ENC: tl.constexpr = False, SELF_AMAX: tl.constexpr = False,
+                    EVICT: tl.constexpr = False):
+    """:func:`store_fast` of a split's read copy of fresh rows ``S``: it encodes the
+    values the checkpoint (CK_FMT, SR seed ``seed_ck``) stores
+    (``tl_formats.stored_values``)."""
+    Sr = stored_values(S, mat, offs_p, P, seed_ck, step, CK_FMT, BLOCK_P, N)
+    store_fast(rd_c, rd_s1, rd_s2, Sr, mat, offs_p, mask_p, P, seed_rd, step, amax_mat, RD_FMT,
+               BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)

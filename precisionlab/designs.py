@@ -4,7 +4,9 @@
   flush recomputes the state in fp32 from the decoded copy and rounds it back to F.
   ``shared(F, 1)`` is conventional decoding with the state stored in F.
 * ``split(C, F, L)``: a checkpoint in C carries the recursion, a read copy in F
-  serves the output steps; each flush recurses from the checkpoint and writes both.
+  serves the output steps; each flush recurses from the checkpoint, stores it, and
+  encodes the read copy from the stored checkpoint (so the copy is a function of the
+  checkpoint alone and can be rebuilt from it at any time).
 * ``reference``: the fp64 recurrence, never rounded (run by the engine).
 
 Step ``t`` (0-based) appends its inputs to the ring; when the ring then holds L
@@ -80,12 +82,15 @@ def store_state(
     design: Design, S: torch.Tensor, seed: int, t: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checkpoint and read copy a flush at step ``t`` stores from the fresh fp32
-    state ``S`` (decoded to fp32; one tensor for both when the design is shared)."""
+    state ``S`` (decoded to fp32; one tensor for both when the design is shared).  A
+    split read copy encodes the stored checkpoint, not ``S``: with an fp32 checkpoint
+    that is the same thing; a 16-bit checkpoint's step (2**-7 relative or finer) sits
+    well under an fp8 or 4-bit read format's (2**-3 or coarser)."""
     step = max(t, 0)
     ckpt = formats.get(design.checkpoint_format).quantize(S, seed=seed, step=step)
     if design.kind == "shared":
         return ckpt, ckpt
-    return ckpt, formats.get(design.read_format).quantize(S, seed=seed + 1, step=step)
+    return ckpt, formats.get(design.read_format).quantize(ckpt, seed=seed + 1, step=step)
 
 
 def _repeat_batch(inp, copies: int):

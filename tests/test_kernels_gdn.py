@@ -92,6 +92,15 @@ def assert_bits(store: StateStore, S: torch.Tensor, seed: int, step: int,
         assert torch.equal(bits(a)[slots], bits(b)[slots]), f"{store.fmt} bits differ"
 
 
+def assert_read_bits(read: StateStore, checkpoint: str, S: torch.Tensor, seed: int, step: int,
+                     slots: torch.Tensor) -> None:
+    """A split's stored read copy equals formats' encoding (seed + 1) of the checkpoint
+    formats' encoding (seed) of the kernel's fp32 state gives: the read copy encodes
+    the checkpoint's stored values."""
+    stored = StateStore.encode(S, checkpoint, seed=seed, step=step).decode()
+    assert_bits(read, stored, seed + 1, step, slots)
+
+
 # --------------------------------------------------------------- conventional
 @pytest.mark.parametrize("ring", [torch.float32, torch.bfloat16])
 def test_conventional_fp32_matches_layer(ring: torch.dtype) -> None:
@@ -220,7 +229,8 @@ DESIGNS = [
 
 def check_replay(design, steps: int, ring: torch.dtype = torch.bfloat16, **cfg) -> None:
     """Per-step outputs match the torch runner; every flush writes exactly the bits
-    formats/ gives the kernel's fp32 state (checkpoint: seed, read copy: seed + 1)."""
+    formats/ gives the kernel's fp32 state (checkpoint: seed; read copy: seed + 1, of the
+    checkpoint's stored values)."""
     kind, params, raws = setup(steps=steps, batch=2, seed=1)
     idx = torch.tensor([2, 0], dtype=torch.int32, device=DEV)
     live = idx.long()
@@ -247,7 +257,7 @@ def check_replay(design, steps: int, ring: torch.dtype = torch.bfloat16, **cfg) 
                 assert rel(fresh[live], S_new) < TOL
             assert_bits(cache.ckpt, fresh, 4, t, live)
             if cache.read is not None:
-                assert_bits(cache.read, fresh, 5, t, live)
+                assert_read_bits(cache.read, cache.ckpt.fmt, fresh, 4, t, live)
     assert cache.ring_len[live].tolist() == [steps % design.window] * 2
     assert cache.steps[live].tolist() == [steps] * 2
     clock = cache.counters.tickets.tolist()  # one tick per program and step; slot 1 unused
@@ -486,7 +496,7 @@ def test_verify_and_commit_flush_on_a_read_copy(vl: str, fcfg: dict, read: str,
     S_ref = gdn.fold(state0(B), rk[:, :2 * T], rv[:, :2 * T], rg[:, :2 * T], rb[:, :2 * T])
     assert rel(cache.fresh[live], S_ref) < TOL
     assert_bits(cache.ckpt, cache.fresh, 3, 2 * T - 1, live)
-    assert_bits(cache.read, cache.fresh, 4, 2 * T - 1, live)
+    assert_read_bits(cache.read, cache.ckpt.fmt, cache.fresh, 3, 2 * T - 1, live)
 
 
 def _staggered_cache(B: int, L: int, **kw) -> GDNReplayCache:
@@ -586,10 +596,11 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     ("fp16-sr", "nvfp4", {"flush_evict": True}),
     ("fp32", "nvfp4", {"read_encode": "launch"}),
     ("fp32", "mxfp4", {"read_encode": "launch"}),
-    ("fp32", "nvfp4", {"read_encode": "launch", "encode_rows": 16})],
+    ("fp32", "nvfp4", {"read_encode": "launch", "encode_rows": 16}),
+    ("fp16-sr", "nvfp4", {"read_encode": "launch"})],
     ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32",
          "evict-fp8", "evict-nvfp4", "encode-launch-nvfp4", "encode-launch-mxfp4",
-         "encode-launch-chunks-nvfp4"])
+         "encode-launch-chunks-nvfp4", "encode-launch-fp16sr-nvfp4"])
 def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict,
                                          monkeypatch) -> None:
     """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
@@ -754,13 +765,13 @@ def test_flush_tma_rejects_what_it_cannot_load(kw) -> None:
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, flush_tma=True, **kw)
 
 
-@pytest.mark.parametrize("kw", [dict(read="nvfp4", checkpoint="fp16-sr", launch="staged"),
+@pytest.mark.parametrize("kw", [dict(read="nvfp4", checkpoint="fp8-e4m3", launch="staged"),
                                 dict(read="fp8-e4m3", launch="staged"),
                                 dict(read="nvfp4", launch="fused"),
                                 dict(read="nvfp4", launch="staged", drafts=2)])
 def test_read_encode_launch_rejects_what_it_cannot_encode(kw) -> None:
-    """A read copy encoded by a launch of its own must be the checkpoint's values: an
-    fp32 checkpoint, a 4-bit copy, the staged launch's step flushes only."""
+    """A read copy encoded by a launch of its own: a dense checkpoint, a 4-bit copy, the
+    staged launch's step flushes only."""
     with pytest.raises(ValueError, match="read_encode='launch' needs the staged launch"):
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, read_encode="launch", **kw)
     with pytest.raises(ValueError, match="read_encode must be one of"):
@@ -774,20 +785,21 @@ def test_out_mma_rejects_what_it_cannot_read(kw) -> None:
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, out_mma=True, **kw)
 
 
-def test_read_encode_launch_is_the_staged_fp32_4bit_default() -> None:
-    """Large batches with an fp32 checkpoint encode an nvfp4 or mxfp4 read copy in a
+def test_read_encode_launch_is_the_staged_dense_4bit_default() -> None:
+    """Large batches with a dense checkpoint encode an nvfp4 or mxfp4 read copy in a
     launch of their own, and the flush launch then takes the settings of a flush without
-    a read copy; 16-bit checkpoints, fp8 copies, small batches, speculative caches and a
-    launch the user picks keep the flush's own encoder."""
+    a read copy; fp8 copies, small batches, speculative caches and a launch the user
+    picks keep the flush's own encoder."""
     big = dict(window=4, device=DEV, batch_hint=256)
-    for read in ("nvfp4", "mxfp4"):
-        c = GDNReplayCache(1, 16, 32, 128, 128, read=read, **big)
-        plain = GDNReplayCache(1, 16, 32, 128, 128, **big).config
-        assert c.read_encode == "launch"
-        for key in ("num_warps", "maxnreg", "flush_ctas_per_sm", "flush_stages", "flush_licm",
-                    "flush_grid", "flush_prefetch", "flush_ring_ahead"):
-            assert c.config[key] == plain[key], key
-    for kw in (dict(checkpoint="fp16-sr", read="nvfp4", **big),
+    for ck in ("fp32", "fp16-sr", "bf16-sr"):
+        plain = GDNReplayCache(1, 16, 32, 128, 128, checkpoint=ck, **big).config
+        for read in ("nvfp4", "mxfp4"):
+            c = GDNReplayCache(1, 16, 32, 128, 128, checkpoint=ck, read=read, **big)
+            assert c.read_encode == "launch"
+            for key in ("num_warps", "maxnreg", "flush_ctas_per_sm", "flush_stages",
+                        "flush_licm", "flush_grid", "flush_prefetch", "flush_ring_ahead"):
+                assert c.config[key] == plain[key], (ck, read, key)
+    for kw in (dict(checkpoint="fp8-e4m3", read="nvfp4", **big),
                dict(read="fp8-e4m3", **big), dict(read="nvfp4", window=4, device=DEV),
                dict(read="nvfp4", drafts=2, **big), dict(read="nvfp4", launch="split", **big)):
         assert GDNReplayCache(1, 16, 32, 128, 128, **kw).read_encode == "flush", kw
@@ -841,7 +853,7 @@ def test_part_matrix_nvfp4_flush_at_full_matrix_size(read) -> None:
         if t % 2 == 1:
             assert_bits(parts.ckpt, parts.fresh, 4, t, live)
             if read is not None:
-                assert_bits(parts.read, parts.fresh, 5, t, live)
+                assert_read_bits(parts.read, parts.ckpt.fmt, parts.fresh, 4, t, live)
 
 
 def test_fused_launch_nvfp4_rows_by_grid() -> None:
@@ -876,18 +888,23 @@ def test_fused_launch_warps_by_grid(batch, v_heads, ckpt, read, warps) -> None:
                           device=DEV, num_warps=2).num_warps == 2
 
 
-@pytest.mark.parametrize("ckpt,read,v_heads,warps,tma,grid", [
-    ("fp32", None, 64, 1, True, "persistent"), ("fp32", "fp8-e4m3", 64, 1, True, "dynamic"),
-    ("fp16-sr", "nvfp4", 32, 1, True, "dynamic"), ("fp16-sr", "nvfp4", 64, 1, True, "dynamic"),
-    ("nvfp4", None, 32, 4, False, "persistent"), ("bf16-sr", "mxfp4", 32, 4, True, "dynamic")])
-def test_staged_flush_programs_by_copy(ckpt, read, v_heads, warps, tma, grid) -> None:
+@pytest.mark.parametrize("ckpt,read,v_heads,warps,tma,grid,encode", [
+    ("fp32", None, 64, 1, True, "persistent", None),
+    ("fp32", "fp8-e4m3", 64, 1, True, "dynamic", None),
+    ("fp16-sr", "nvfp4", 32, 1, True, "persistent", None),
+    ("fp16-sr", "nvfp4", 64, 1, True, "persistent", None),
+    ("nvfp4", None, 32, 4, False, "persistent", None),
+    ("bf16-sr", "mxfp4", 32, 1, True, "persistent", None),
+    ("bf16-sr", "mxfp4", 32, 4, True, "dynamic", "flush")])
+def test_staged_flush_programs_by_copy(ckpt, read, v_heads, warps, tma, grid, encode) -> None:
     """Large batches (256): one-warp flush programs with TMA chunk loads for a dense
-    checkpoint with no copy, an fp8 or an nvfp4 one (qwen3.5-4b's 32 v-heads and
-    qwen3.5-122b's 64); an nvfp4 checkpoint keeps 4-warp programs with plain loads, an
-    mxfp4 copy 4-warp TMA ones.  Programs claim their units from a counter where there
-    is a read copy."""
+    checkpoint with no copy in the flush, or an fp8 one (qwen3.5-4b's 32 v-heads and
+    qwen3.5-122b's 64; a dense checkpoint's 4-bit copy is encoded by a launch of its
+    own); an nvfp4 checkpoint keeps 4-warp programs with plain loads, an mxfp4 copy
+    written by the flush 4-warp ones.  Programs claim their units from a counter where
+    the flush writes a read copy."""
     c = GDNReplayCache(1, 16, v_heads, 128, 128, window=4, checkpoint=ckpt, read=read,
-                       device=DEV, batch_hint=256)
+                       device=DEV, batch_hint=256, read_encode=encode)
     assert (c.launch, c.num_warps, c.flush_tma, c.flush_grid) == ("staged", warps, tma, grid)
 
 

@@ -84,6 +84,14 @@ def assert_store_bits(store: StateStore, S: torch.Tensor, seed: int, step: int) 
         assert torch.equal(bits(a), bits(b)), f"{store.fmt} bits differ from formats.encode"
 
 
+def assert_read_bits(read: StateStore, checkpoint: str, S: torch.Tensor, seed: int,
+                     step: int) -> None:
+    """A split's stored read copy equals formats' encoding (seed + 1) of the values the
+    checkpoint (seed) stores for the kernel's fp32 state."""
+    stored = StateStore.encode(S, checkpoint, seed=seed, step=step).decode()
+    assert_store_bits(read, stored, seed + 1, step)
+
+
 # --------------------------------------------------------------- conventional
 
 
@@ -224,7 +232,7 @@ def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
         else:
             assert_store_bits(cache.ckpt, S, seed, t)
         if cache.read is not None:
-            assert_store_bits(cache.read, S, seed + 1, t)
+            assert_read_bits(cache.read, cache.ckpt.fmt, S, seed, t)
     assert cache.committed().tolist() == [len(raws) % design.window] * batch
     assert cache.steps_taken().tolist() == [len(raws)] * batch
 
@@ -424,7 +432,7 @@ def test_row_split_nvfp4_flush_at_model_size(read) -> None:
         if t % 2 == 1:
             assert_store_bits(parts.ckpt, parts.fresh, 3, t)
             if read is not None:
-                assert_store_bits(parts.read, parts.fresh, 4, t)
+                assert_read_bits(parts.read, parts.ckpt.fmt, parts.fresh, 3, t)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -883,10 +891,10 @@ def test_default_flush_grid_by_copy(ck: str, rd: str | None, grid: str) -> None:
         assert cfg.flush_grid == grid
 
 
-@pytest.mark.parametrize("rd", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("ck,rd", [("fp32", "nvfp4"), ("fp32", "mxfp4"), ("fp16-sr", "nvfp4")])
 @pytest.mark.parametrize("conc", [False, True], ids=["sequential", "concurrent-order"])
-def test_read_encode_launch_changes_no_bit(rd: str, conc: bool, monkeypatch) -> None:
-    """An fp32 checkpoint's 4-bit read copy encoded by a launch of its own behind the
+def test_read_encode_launch_changes_no_bit(ck: str, rd: str, conc: bool, monkeypatch) -> None:
+    """A dense checkpoint's 4-bit read copy encoded by a launch of its own behind the
     flush (``SplitConfig.read_encode`` "launch"; its programs each take several heads
     here) is ``formats``' encoding of the checkpoint, and over two windows and a flush
     step, with the flush after the output launch too (the order a second stream may
@@ -899,7 +907,7 @@ def test_read_encode_launch_changes_no_bit(rd: str, conc: bool, monkeypatch) -> 
     res = []
     for enc in ("flush", "launch"):
         cfg = SplitConfig(read_encode=enc, flush_ctas_per_sm=1, concurrent_flush=conc)
-        cache = Mamba2Cache.allocate(batch, H, P32, N, G, checkpoint_format="fp32",
+        cache = Mamba2Cache.allocate(batch, H, P32, N, G, checkpoint_format=ck,
                                      read_format=rd, window=L, device=DEV, seed=3,
                                      launch="split", split_config=cfg)
         cache.load_state(S0)
@@ -916,7 +924,7 @@ def test_read_encode_launch_changes_no_bit(rd: str, conc: bool, monkeypatch) -> 
 
 
 def test_read_encode_launch_defaults_and_refusals() -> None:
-    """A launch of its own encodes the read copy by default where the checkpoint is fp32
+    """A launch of its own encodes the read copy by default where the checkpoint is dense
     and the copy 4-bit; the flush launch then takes the settings of a flush without a
     read copy; other designs keep the flush's encoder, and "launch" is refused there."""
     fp32, nv = format_id("fp32"), format_id("nvfp4")
@@ -931,16 +939,18 @@ def test_read_encode_launch_defaults_and_refusals() -> None:
     stores = {f: StateStore.empty(f, (1, H, P, N), DEV) for f in ("nvfp4", "mxfp4", "fp8-e4m3")}
     assert _read_encode_apart(None, "fp32", stores["nvfp4"])
     assert _read_encode_apart(None, "fp32", stores["mxfp4"])
-    assert not _read_encode_apart(None, "fp16-sr", stores["nvfp4"])
+    assert _read_encode_apart(None, "fp16-sr", stores["nvfp4"])
+    assert _read_encode_apart(None, "bf16-sr", stores["mxfp4"])
+    assert not _read_encode_apart(None, "fp8-e4m3", stores["nvfp4"])
     assert not _read_encode_apart(None, "fp32", stores["fp8-e4m3"])
     assert not _read_encode_apart("flush", "fp32", stores["nvfp4"])
     kind, params, raws = setup(steps=1, batch=2)
     r = raws[0]
-    for ck, rd in (("fp16-sr", "nvfp4"), ("fp32", "fp8-e4m3"), ("fp32", None)):
+    for ck, rd in (("fp8-e4m3", "nvfp4"), ("fp32", "fp8-e4m3"), ("fp32", None)):
         cache = Mamba2Cache.allocate(2, H, P, N, G, checkpoint_format=ck, read_format=rd,
                                      window=2, device=DEV, launch="split",
                                      split_config=SplitConfig(read_encode="launch"))
-        with pytest.raises(ValueError, match="read_encode='launch' needs an fp32 checkpoint"):
+        with pytest.raises(ValueError, match="read_encode='launch' needs a dense checkpoint"):
             mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"],
                         HeadParams(params.A, params.D, params.dt_bias), z=r["z"],
                         dt_softplus=True)
