@@ -140,7 +140,12 @@ SWEEP = {
        {"flush_tma": True, "num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8,
         "flush_stages": 1},
        {"flush_tma": True, "num_warps": 2, "maxnreg": 255, "flush_ctas_per_sm": 4,
-        "flush_stages": 1}],
+        "flush_stages": 1},
+       # the copy encoded by a launch of its own, the flush writes the 16-bit checkpoint
+       # alone: more warps per SM for its stochastic rounding, or a second TMA stage
+       {"num_warps": 2, "maxnreg": 128, "flush_ctas_per_sm": 8, "flush_stages": 1},
+       {"num_warps": 1, "maxnreg": 255, "flush_ctas_per_sm": 8, "flush_stages": 2},
+       {"num_warps": 4, "maxnreg": 128, "flush_ctas_per_sm": 4, "flush_stages": 2}],
     # staged-dot: all drafts' reductions of a state tile as one tensor-core product
     # (593 -> 328 us against "staged" in the first timed sweep)
     "verify-T4": [{"verify_launch": "staged", "verify_block_v": 32, "verify_num_warps": 2},

@@ -664,12 +664,20 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if fc is None or need_amax:
         fc = triton.cdiv(P, cfg.flush_rows)  # a whole head (nvfp4: must be)
     # flush programs: one warp per 16 x 128 chunk elements (up to 4), as many programs
-    # per SM as their registers allow; nvfp4 flushes keep 4 warps
-    few = 4 if need_amax else min(4, max(1, cfg.flush_rows * N // 2048))
+    # per SM as their registers allow; nvfp4 flushes keep 4 warps.  A flush that writes
+    # a stochastically rounded 16-bit checkpoint alone (its 4-bit copy, if any, encoded
+    # by a launch of its own): 2-warp programs at 128 registers, 8 per SM (H200, batch
+    # 256, L = 16, fp16-sr + nvfp4, us per step (flush us) against 1-warp programs at
+    # 255: nano-4b 196.6 / 195.8 (1386 / 1383) -> 190.0 (1288), super-120b 193.7 /
+    # 193.3 (1442 / 1437) -> 188.6 (1357); 4-warp ones 193.2 / 193.5)
+    sr16 = f_id in (FMT_FP16_SR, FMT_BF16_SR) and not need_amax
+    few = 4 if need_amax else 2 if sr16 else min(4, max(1, cfg.flush_rows * N // 2048))
     fw = cfg.flush_warps or few
+    sr16 = sr16 and fw == 2
     fmax = cfg.flush_maxnreg
     if fmax is None:
-        fmax = 128 if need_amax or (fw == 4 and not f_wide) else (0 if fw == 4 else 255)
+        fmax = (128 if need_amax or sr16 or (fw == 4 and not f_wide)
+                else (0 if fw == 4 else 255))
     # TMA loads in two stages where the flush writes a 1-byte copy from 1-warp programs
     tma = cfg.flush_tma if cfg.flush_tma is not None else (
         tma_ok and fw == 1 and f_narrow and not need_amax)
@@ -680,7 +688,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    flush_stages=cfg.flush_stages or (2 if tma else 1 if need_amax or fw == 1
                                                      else 2 if fw < 4 else 3),
                    flush_warps=fw,
-                   flush_ctas_per_sm=cfg.flush_ctas_per_sm or (4 if fw == 4 else 8 // fw),
+                   flush_ctas_per_sm=cfg.flush_ctas_per_sm or (
+                       8 if sr16 else 4 if fw == 4 else 8 // fw),
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
                    (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
                     if one_head else None),

@@ -878,6 +878,23 @@ def test_dynamic_flush_grid_changes_no_bit(ck, rd) -> None:
     assert_runs_same_bits(res)
 
 
+def test_default_flush_programs_of_a_16bit_sr_checkpoint() -> None:
+    """A flush that writes a stochastically rounded 16-bit checkpoint alone (shared, or
+    split with its 4-bit copy encoded by a launch of its own) runs 2-warp programs at 128
+    registers, 8 per SM; an fp32 checkpoint keeps 1-warp programs at 255."""
+    for Hm, Pm in ((96, 80), (128, 64)):
+        for ck in ("fp16-sr", "bf16-sr"):
+            c = format_id(ck)
+            for rd, amax in ((c, False), (format_id("nvfp4"), False)):
+                cfg = _split_defaults(SplitConfig(), Pm, 128, Hm, 8, rd, amax, True, c)
+                assert (cfg.flush_warps, cfg.flush_maxnreg, cfg.flush_ctas_per_sm) == (2, 128, 8)
+        fp32 = _split_defaults(SplitConfig(), Pm, 128, Hm, 8, format_id("fp32"), False, True)
+        assert (fp32.flush_warps, fp32.flush_maxnreg, fp32.flush_ctas_per_sm) == (1, 255, 8)
+        mine = _split_defaults(SplitConfig(flush_warps=1), Pm, 128, Hm, 8, format_id("fp16-sr"),
+                               False, True)
+        assert (mine.flush_warps, mine.flush_maxnreg) == (1, 255)
+
+
 @pytest.mark.parametrize("ck,rd,grid", [("fp32", None, "persistent"),
                                          ("fp16-sr", None, "persistent"),
                                          ("fp32", "fp8-e4m3", "dynamic"),
