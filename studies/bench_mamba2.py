@@ -91,11 +91,10 @@ CANDIDATES: dict[str, list] = {
         {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_loads_first": False},
     ],
-    "split-fp16sr-nvfp4": [
-        {**_H1, "heads_per_program": 1, "stages": 1, **_NF},  # "launch", the default cap
-        {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0, **_NF},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_loads_first": False,
-         **_NF},
+    "split-fp16sr-nvfp4": [  # (the flush keys: FLUSH_CANDIDATES)
+        {**_H1, "heads_per_program": 1, "stages": 1},  # "launch", the default cap
+        {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
+        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_loads_first": False},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products
@@ -161,12 +160,15 @@ FLUSH_CANDIDATES: dict[str, list[dict]] = {
     # fp32 rows (offline sm_90: 1677 instead of 2298 instructions per chunk, 32 instead
     # of 116 bytes of spill under the 128-register cap); "recompute" folds twice.  1- and
     # 2-warp nvfp4 flushes (8 / 6 per SM) took 2301 / 2002 us against 1602 (nano-4b)
+    # The library's defaults first: the flush writes the fp16-sr checkpoint alone in
+    # 2-warp programs and a launch of its own encodes the nvfp4 copy from it.  Before
+    # that the flush encoded the copy in 4-warp programs (_NF) with the scratch pass
+    # (2059 -> 1615 us against folding twice)
     "split-fp16sr-nvfp4": [
-        _NF,  # the scratch pass, the default since it measured 2059 -> 1615 us
-        {**_NF, "evict_first": False},
-        {**_NF, "flush_ctas_per_sm": 3, "flush_maxnreg": 168},
+        {},
+        _NF,
         {**_NF, "flush_stages": 2},
-        {**_NF, "flush_ctas_per_sm": 5, "flush_maxnreg": 96},
+        {"flush_warps": 1, "flush_maxnreg": 255, "flush_ctas_per_sm": 8},
     ],
 }
 VARS = ("us_step", "us_output", "us_output_first", "us_output_last", "us_flush", "MB_step",
