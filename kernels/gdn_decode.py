@@ -439,7 +439,9 @@ class GDNReplayCache:
       flush's one-warp programs, sized for the fold, encode 4-bit copies slowly.  H200,
       batch 256, L = 16, us per step (flush step): qwen3.5-4b nvfp4 110.9 -> 102.0 (858
       -> 695), mxfp4 139.4 -> 116.5 (1021 -> 618); qwen3.5-122b nvfp4 203.2 -> 179.2
-      (1767 -> 1390), mxfp4 256.8 -> 209.3 (2015 -> 1220).
+      (1767 -> 1390), mxfp4 256.8 -> 209.3 (2015 -> 1220); with an fp16-sr checkpoint,
+      against the twentieth run's flush that encoded the copy itself, nvfp4 123.5 ->
+      108.2 (1054 -> 792) and 232.6 -> 189.9 (2240 -> 1564).
     * ``hw_fp8``: the staged flush encodes an fp8 read copy with the hardware
       conversion (compiled code only; ``tl_formats.fp8_encode_hw``, the encoder of
       the Mamba-2 flush, the same bits).  On by default in the staged launch (offline

@@ -151,7 +151,9 @@ class SplitConfig:
     checkpoint (``read_encode.encodes_apart``) and an nvfp4 or mxfp4 read copy, and None
     means it there (H200, batch 256, L = 16, us per step, nano-4b / super-120b: nvfp4 193.5 ->
     186.1 / 193.9 -> 185.1, mxfp4 203.1 -> 176.4 / 202.7 -> 175.2; the flush step
-    1373 -> 1226 / 1477 -> 1293 and 1518 -> 1062 / 1625 -> 1153).
+    1373 -> 1226 / 1477 -> 1293 and 1518 -> 1062 / 1625 -> 1153; an fp16-sr
+    checkpoint's nvfp4 copy, with the flush's 2-warp programs, against the twentieth
+    run's flush that encoded it: 200.5 -> 190.9 / 199.5 -> 188.1).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
