@@ -161,8 +161,8 @@ def _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, ro
                   FAST_ENC: tl.constexpr, ONE_PASS: tl.constexpr, W_CK: tl.constexpr,
                   W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False):
     """Store fresh rows: the checkpoint (``W_CK``), the read copy of its stored values
-    (``W_RD``), the fp32
-    state (``W_FRESH``); ``EVICT``: the copies' stores evict first from L2."""
+    (``W_RD``), the fp32 state (``W_FRESH``); ``EVICT``: the copies' stores evict first
+    from L2."""
     if W_CK:
         store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
                    HW_CVT, FAST_ENC, ONE_PASS, EVICT)

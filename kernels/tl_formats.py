@@ -746,6 +746,20 @@ def store_state(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step
 
 
 @triton.jit
+def encode_tile_at(S, mat, offs_p, P, seed, step, amax_mat, FMT: tl.constexpr,
+                   BLOCK_P: tl.constexpr, N: tl.constexpr, FAST: tl.constexpr):
+    """:func:`encode_tile_with` of rows ``offs_p`` of matrix ``mat``: a stochastic
+    format's stream keyed by (seed, step) and the elements' indices."""
+    if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
+        index = element_index(mat, offs_p, P, N)
+        key = sr_key(seed, step)
+    else:
+        index = 0
+        key = 0
+    return encode_tile_with(S, FMT, index, key, amax_mat, BLOCK_P, N, FAST)
+
+
+@triton.jit
 def stored_values(S, mat, offs_p, P, seed, step, FMT: tl.constexpr, BLOCK_P: tl.constexpr,
                   N: tl.constexpr, FAST: tl.constexpr = True):
     """The float32 values :func:`store_state` would store for tile ``S`` in ``FMT`` (the
@@ -754,13 +768,8 @@ def stored_values(S, mat, offs_p, P, seed, step, FMT: tl.constexpr, BLOCK_P: tl.
     if FMT == K_FP32:
         return S
     else:
-        if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
-            index = element_index(mat, offs_p, P, N)
-            key = sr_key(seed, step)
-        else:
-            index = 0
-            key = 0
-        codes, s1, s2 = encode_tile_with(S, FMT, index, key, 0.0, BLOCK_P, N, FAST)
+        codes, s1, s2 = encode_tile_at(S, mat, offs_p, P, seed, step, 0.0, FMT, BLOCK_P, N,
+                                       FAST)
         return decode_tile(codes, s1, s2, FMT, BLOCK_P, N)
 
 
@@ -782,13 +791,8 @@ def store_state_with(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed,
                      FAST: tl.constexpr, EVICT: tl.constexpr = False):
     """:func:`store_state` with the encoders of :func:`encode_tile_with` (``FAST``;
     ``EVICT``: the stores evict first from L2)."""
-    if (FMT == K_BF16_SR) or (FMT == K_FP16_SR):
-        index = element_index(mat, offs_p, P, N)
-        key = sr_key(seed, step)
-    else:
-        index = 0
-        key = 0
-    codes, s1, s2 = encode_tile_with(S, FMT, index, key, amax_mat, BLOCK_P, N, FAST)
+    codes, s1, s2 = encode_tile_at(S, mat, offs_p, P, seed, step, amax_mat, FMT, BLOCK_P, N,
+                                   FAST)
     store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
                 FMT, BLOCK_P, N, EVICT)
     return tl.where(mask_p[:, None], decode_tile(codes, s1, s2, FMT, BLOCK_P, N), 0.0)

@@ -13,6 +13,7 @@ from precisionlab.designs import (
     make_design,
     shared,
     split,
+    store_state,
 )
 from precisionlab.kinds import kind_for, ring_dtype_of
 from precisionlab.traces import SyntheticTrace
@@ -168,3 +169,19 @@ def test_engine_rejects_bad_settings():
         list(engine.run(trace, [shared("fp32", 1)], device="tpu"))
     with pytest.raises(engine.EngineError, match="needs a CUDA device"):
         list(engine.run(trace, [shared("fp32", 1)], device="cpu", backend="triton"))
+
+
+def test_a_split_read_copy_encodes_the_stored_checkpoint() -> None:
+    """The read copy is the read format's encoding (seed + 1) of the checkpoint's stored
+    values, not of the fresh state: the same thing for an fp32 checkpoint, and for a
+    stochastically rounded bf16 one a copy that differs from encoding the fresh state at
+    the elements the checkpoint's rounding moves across a rounding boundary."""
+    S = torch.randn(4, 8, 64, 128, generator=torch.Generator().manual_seed(3))
+    for ck in ("fp32", "bf16-sr"):
+        for rd in ("nvfp4", "fp8-e4m3"):
+            ckpt, read = store_state(split(ck, rd, 4), S, seed=5, t=7)
+            stored = formats.get(ck).quantize(S, seed=5, step=7)
+            assert torch.equal(ckpt, stored)
+            assert torch.equal(read, formats.get(rd).quantize(stored, seed=6, step=7))
+            direct = formats.get(rd).quantize(S, seed=6, step=7)
+            assert torch.equal(read, direct) == (ck == "fp32"), (ck, rd)
