@@ -88,7 +88,14 @@ from .tl_formats import (
     load_codes,
     tile_offsets,
 )
-from .tl_mamba2_fast import TWO63, fold_dot, row_dot, store_fast, store_read_fast
+from .tl_mamba2_fast import (
+    TWO63,
+    fold_dot,
+    row_dot,
+    store_fast,
+    store_read_fast,
+    store_split_fast,
+)
 from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
 
 
@@ -163,10 +170,14 @@ def _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, ro
     """Store fresh rows: the checkpoint (``W_CK``), the read copy of its stored values
     (``W_RD``), the fp32 state (``W_FRESH``); ``EVICT``: the copies' stores evict first
     from L2."""
-    if W_CK:
+    if W_CK and W_RD:
+        store_split_fast(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck,
+                         seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT, FAST_ENC, ONE_PASS,
+                         EVICT)
+    elif W_CK:
         store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t, amax, CK_FMT, FB, N,
                    HW_CVT, FAST_ENC, ONE_PASS, EVICT)
-    if W_RD:
+    elif W_RD:
         store_read_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck, seed_rd, t, amax,
                         CK_FMT, RD_FMT, FB, N, HW_CVT, FAST_ENC, ONE_PASS, EVICT)
     if W_FRESH:

@@ -62,7 +62,7 @@ from .tl_formats import (
     store_state,
     tile_offsets,
 )
-from .tl_mamba2_fast import store_fast, store_read_fast
+from .tl_mamba2_fast import store_fast, store_read_fast, store_split_fast
 
 MODE_STEP = 1
 MODE_VERIFY = 2
@@ -332,10 +332,16 @@ def mamba2_kernel(
                     tl.store(out_b + h * P + rows, gate(y, x_c, z_c, D_h, HAS_Z), mask=m)
                     # the division-free encoders (same bits as tl_formats'); with
                     # PARTS the nvfp4 copies wait for the head's amax
-                    if (PARTS == 0) or (CK_FMT != K_NVFP4):
+                    W_CK: tl.constexpr = (PARTS == 0) or (CK_FMT != K_NVFP4)
+                    W_RD: tl.constexpr = SPLIT and ((PARTS == 0) or (RD_FMT != K_NVFP4))
+                    if W_CK and W_RD:
+                        store_split_fast(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, Sn, mat, rows,
+                                         m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB,
+                                         N, HW_CVT, True)
+                    elif W_CK:
                         store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, t,
                                    amax, CK_FMT, FB, N, HW_CVT, True)
-                    if SPLIT and ((PARTS == 0) or (RD_FMT != K_NVFP4)):
+                    elif W_RD:
                         store_read_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck,
                                         seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT, True)
                     if WRITE_FRESH:

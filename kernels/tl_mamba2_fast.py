@@ -151,3 +151,35 @@ def store_read_fast(rd_c, rd_s1, rd_s2, S, mat, offs_p, mask_p, P, seed_ck, seed
     Sr = stored_values(S, mat, offs_p, P, seed_ck, step, CK_FMT, BLOCK_P, N)
     store_fast(rd_c, rd_s1, rd_s2, Sr, mat, offs_p, mask_p, P, seed_rd, step, amax_mat, RD_FMT,
                BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)
+
+
+@triton.jit
+def store_split_fast(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, S, mat, offs_p, mask_p, P,
+                     seed_ck, seed_rd, step, amax_mat, CK_FMT: tl.constexpr,
+                     RD_FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+                     HW_CVT: tl.constexpr = False, FAST_ENC: tl.constexpr = False,
+                     SELF_AMAX: tl.constexpr = False, EVICT: tl.constexpr = False):
+    """:func:`store_fast` of both copies of a split design's fresh rows ``S``: the
+    checkpoint (CK_FMT) and the read copy of its stored values.  A 16-bit checkpoint's
+    values are rounded once (its stochastic-rounding draws) and stored by the
+    round-to-nearest encoder, which keeps a value its grid holds (the same bits as
+    :func:`store_fast` of ``S``; :func:`store_read_fast` would draw them again)."""
+    if CK_FMT == K_FP32:
+        Sr = S
+        store_fast(ck_c, ck_s1, ck_s2, S, mat, offs_p, mask_p, P, seed_ck, step, amax_mat,
+                   CK_FMT, BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)
+    elif ((CK_FMT == K_FP16) or (CK_FMT == K_FP16_SR) or (CK_FMT == K_BF16)
+          or (CK_FMT == K_BF16_SR)):
+        Sr = stored_values(S, mat, offs_p, P, seed_ck, step, CK_FMT, BLOCK_P, N)
+        if (CK_FMT == K_FP16) or (CK_FMT == K_FP16_SR):
+            DENSE: tl.constexpr = K_FP16
+        else:
+            DENSE: tl.constexpr = K_BF16
+        store_fast(ck_c, ck_s1, ck_s2, Sr, mat, offs_p, mask_p, P, seed_ck, step, amax_mat,
+                   DENSE, BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)
+    else:
+        store_fast(ck_c, ck_s1, ck_s2, S, mat, offs_p, mask_p, P, seed_ck, step, amax_mat,
+                   CK_FMT, BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)
+        Sr = stored_values(S, mat, offs_p, P, seed_ck, step, CK_FMT, BLOCK_P, N)
+    store_fast(rd_c, rd_s1, rd_s2, Sr, mat, offs_p, mask_p, P, seed_rd, step, amax_mat, RD_FMT,
+               BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)

@@ -191,7 +191,10 @@ CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DE
          # a flush chunk larger than the program's rows is cut to them
          + [(d, r, "fused-rows") for d, r in DESIGNS]
          + [(d, r, "fused-rows-fb32") for d, r in DESIGNS
-            if "nvfp4" in (d.checkpoint_format, d.read_format)])
+            if "nvfp4" in (d.checkpoint_format, d.read_format)]
+         # a 16-bit checkpoint and an fp8 copy written by one flush: the checkpoint's
+         # rounding drawn once for both copies
+         + [(split("bf16-sr", "fp8-e4m3", 3), torch.bfloat16, lc) for lc in ("split", "fused")])
 
 
 @pytest.mark.parametrize("design,ring_dtype,launch", CASES,
