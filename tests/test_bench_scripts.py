@@ -42,6 +42,12 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_split_configs.py", ["--model", "qwen3.5-4b"], "is a gdn model"),
     ("time_split_configs.py", ["--window", "1"], "--window >= 2"),
     ("time_split_configs.py", ["--design", "fp64"], "invalid choice"),
+    ("time_encode_launch.py", ["--setting", "rows"], "KEY=INT"),
+    ("time_encode_launch.py", ["--setting", "", "--setting", "warps=3"], "warps 1, 2, 4"),
+    ("time_encode_launch.py", ["--setting", "rows=24"], "multiple of 16"),
+    ("time_encode_launch.py", ["--setting", "ctas=x"], "ctas must be an integer"),
+    ("time_encode_launch.py", ["--design", "split-fp32-fp8"], "encoded in the flush"),
+    ("time_encode_launch.py", ["--model", "no-such-model"], "unknown model"),
     ("probe_nvfp4_encode.py", [], "--out is required unless --check-only"),
     ("probe_nvfp4_encode.py", ["--sources", "fp8"], "invalid choice"),
     ("probe_nvfp4_encode.py", ["--out", "no/such/dir/x.json"], "no directory"),
@@ -56,6 +62,7 @@ def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: 
     ("bench_phases.py", []),
     ("time_split_configs.py", ["--config", "", "--config", "maxnreg=96 tail_tile=true"]),
     ("probe_nvfp4_encode.py", []),
+    ("time_encode_launch.py", ["--model", "nemotron-3-nano-4b", "--setting", "rows=32"]),
 ])
 def test_timing_scripts_without_gpu_exit_2(script: str, args: list[str], tmp_path: Path) -> None:
     if __import__("torch").cuda.is_available():

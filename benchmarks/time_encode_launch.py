@@ -1,0 +1,141 @@
+"""Time the read-copy encode launch's program settings (``kernels/read_encode.py``: rows
+per tile, warps per program, programs per SM) on a split design of either family: for
+each ``--setting`` one replay window of CUDA-graph steps with a cold L2, as the
+benchmarks time them, reporting the mean output step, the flush step (flush launch and
+encode launch) and the window mean in microseconds.  The settings run in one process,
+in the order given; give the defaults twice (first and last) to see the run's noise.
+
+    python benchmarks/time_encode_launch.py --model qwen3.5-4b \\
+        --setting "" --setting "rows=128 warps=8" --setting "" --out encode.json
+
+Exit 2 with one line on bad arguments or without a GPU; the JSON is written whole or
+not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, Path(__file__).resolve().parent):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from profile_steps import DESIGNS  # noqa: E402
+
+from precisionlab.atomic import write_json  # noqa: E402
+from precisionlab.kernels import read_encode  # noqa: E402
+from precisionlab.kernels.read_encode import encodes_apart  # noqa: E402
+from precisionlab.presets import get_preset  # noqa: E402
+
+SETTINGS = {"rows": "ENCODE_ROWS", "warps": "ENCODE_WARPS", "ctas": "ENCODE_CTAS_PER_SM"}
+"""``--setting`` keys and the ``read_encode`` module settings they set."""
+
+
+def parse_setting(text: str) -> dict[str, int]:
+    """``{"rows": 128, ...}`` from ``"rows=128 warps=8"`` (empty: the defaults)."""
+    out = {}
+    for pair in text.split():
+        key, sep, value = pair.partition("=")
+        if not sep or key not in SETTINGS:
+            raise ValueError(f"expected KEY=INT with KEY one of {', '.join(SETTINGS)}, "
+                             f"got {pair!r}")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise ValueError(f"{key} must be an integer, got {value!r}") from None
+    if out.get("rows", 0) < 0 or out.get("rows", 16) % 16 or out.get("warps", 1) not in (
+            1, 2, 4, 8, 16) or out.get("ctas", 1) < 1:
+        raise ValueError("rows must be 0 or a multiple of 16, warps 1, 2, 4, 8 or 16, "
+                         "ctas >= 1")
+    return out
+
+
+def _time_one(kind: str, model: str, ck: str, rd: str, batch: int, window: int,
+              rounds: int) -> list[float]:
+    dev = torch.device("cuda")
+    if kind == "gdn":
+        from precisionlab.studies.bench_gdn import Clock, shape_of, time_replay
+
+        return time_replay(shape_of(model, batch), Clock(dev), ck, rd, window, rounds)
+    from precisionlab.studies.bench_mamba2 import _Problem, _Runner
+    from precisionlab.timing import ColdL2Timer
+
+    runner = _Runner(ColdL2Timer(dev), rounds, lambda _: None)
+    return runner.replay(_Problem(model, batch, dev), ck, rd, window, {"launch": "split"})
+
+
+def time_settings(model: str, design: str, settings: list[dict], batch: int, window: int,
+                  rounds: int, log=print) -> list[dict]:
+    """Output-step mean, flush step and window mean (us) under each setting; the module
+    settings are restored afterwards."""
+    kind = get_preset(model).kind
+    ck, rd = DESIGNS[design]
+    saved = {name: getattr(read_encode, name) for name in SETTINGS.values()}
+    rows = []
+    try:
+        for setting in settings:
+            for key, name in SETTINGS.items():
+                setattr(read_encode, name, setting.get(key, saved[name]))
+            times = _time_one(kind, model, ck, rd, batch, window, rounds)
+            row = {"setting": setting, "us_output": round(float(np.mean(times[:-1])), 2),
+                   "us_flush": round(float(times[-1]), 1),
+                   "us_step": round(float(np.mean(times)), 2)}
+            log(f"{row['us_output']:9.2f} {row['us_flush']:9.1f} {row['us_step']:9.2f}  "
+                f"{setting or 'defaults'}")
+            rows.append(row)
+    finally:
+        for name, value in saved.items():
+            setattr(read_encode, name, value)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3.5-4b", help="a GDN or Mamba-2 preset")
+    ap.add_argument("--design", choices=sorted(DESIGNS), default="split-fp16sr-nvfp4")
+    ap.add_argument("--setting", action="append", default=None, metavar='"K=V ..."',
+                    help=f"encode-launch settings, keys {', '.join(SETTINGS)} (repeat for "
+                    "each; \"\" = the defaults)")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2, help="timed passes of the window")
+    ap.add_argument("--out", default=None, help="JSON file of the results")
+    args = ap.parse_args(argv)
+    if args.batch < 1 or args.window < 2 or args.rounds < 1:
+        ap.error("--batch and --rounds must be >= 1 and --window >= 2")
+    try:
+        preset = get_preset(args.model)
+    except KeyError as e:
+        ap.error(str(e).strip("'\""))
+    if preset.kind not in ("gdn", "mamba2"):
+        ap.error(f"--model {args.model} is a {preset.kind} model, not gdn or mamba2")
+    ck, rd = DESIGNS[args.design]
+    if not encodes_apart(ck, rd):
+        ap.error(f"--design {args.design}: its read copy is encoded in the flush")
+    try:
+        settings = [parse_setting(text) for text in args.setting or [""]]
+    except ValueError as e:
+        ap.error(f"--setting: {e}")
+    if not torch.cuda.is_available():
+        print("time_encode_launch: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    print(f"{'output us':>9} {'flush us':>9} {'step us':>9}  setting "
+          f"({args.model}, {args.design}, batch {args.batch}, L = {args.window})")
+    rows = time_settings(args.model, args.design, settings, args.batch, args.window,
+                         args.rounds)
+    if args.out:
+        write_json(args.out, {"model": args.model, "design": args.design,
+                              "batch": args.batch, "window": args.window,
+                              "device": torch.cuda.get_device_name(),
+                              "torch": torch.__version__, "results": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
