@@ -22,10 +22,29 @@ from .tl_formats import K_NVFP4, load_state, matrix_amax, store_state_with
 ENCODE_CTAS_PER_SM = 8
 """Programs per SM of the persistent encode launch."""
 ENCODE_ROWS = 0
-"""Rows per tile of the encode launch (0: 32 where they divide the matrix, else 16; a
-tile of the whole matrix reads it once, else an amax pass precedes the encode pass)."""
+"""Rows per tile of the encode launch (0: :func:`encode_rows`)."""
+ENCODE_WHOLE_BYTES = 16384
+"""A stored matrix of at most this many bytes (its rows rounded up to a power of two)
+is encoded from one tile: one read, no amax pass.  Timed at batch 256 on an H200 (fp16-sr
+checkpoint, nvfp4 copy): nemotron-3-super-120b's 64 x 128 fp16 matrices, 189.8 -> 185.9
+us per step; larger tiles took as long or longer (qwen3.5-4b's 128 x 128 fp16 109.3 /
+113.5 us against 109.3 in 32-row chunks, nemotron-3-nano-4b's 80 x 128 in a 128-row tile
+192.6 / 201.6 against 191.7), as did fp32 matrices of 128 rows."""
 ENCODE_WARPS = 4
 """Warps per program of the encode launch."""
+
+
+def encode_rows(rows: int, cols: int, code_bytes: int) -> int:
+    """Rows per tile of the encode launch for ``(rows, cols)`` matrices stored with
+    ``code_bytes`` bytes per element: :data:`ENCODE_ROWS` where set; else the whole
+    matrix where it fits :data:`ENCODE_WHOLE_BYTES`; else 32 where they divide the
+    matrix, else 16 (an amax pass precedes the encode pass)."""
+    if ENCODE_ROWS:
+        return ENCODE_ROWS
+    whole = triton.next_power_of_2(rows)
+    if whole * cols * code_bytes <= ENCODE_WHOLE_BYTES:
+        return whole
+    return 32 if rows % 32 == 0 else 16
 
 
 def encodes_apart(checkpoint: str, read: str | None) -> bool:
@@ -84,7 +103,7 @@ def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indice
     flush launch has just run; returns the compiled kernel."""
     slots, H, P, N = ckpt.shape
     B = state_indices.shape[0]
-    fb = ENCODE_ROWS or (32 if P % 32 == 0 else 16)
+    fb = encode_rows(P, N, ckpt.codes.element_size())
     grid = (max(1, min(B * H, n_sm * ENCODE_CTAS_PER_SM)),)
     return encode_read_copies_kernel[grid](
         tickets, state_indices, *ckpt.kernel_args(), *read.kernel_args(), B,

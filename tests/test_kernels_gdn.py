@@ -597,10 +597,12 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     ("fp32", "nvfp4", {"read_encode": "launch"}),
     ("fp32", "mxfp4", {"read_encode": "launch"}),
     ("fp32", "nvfp4", {"read_encode": "launch", "encode_rows": 16}),
-    ("fp16-sr", "nvfp4", {"read_encode": "launch"})],
+    ("fp16-sr", "nvfp4", {"read_encode": "launch"}),
+    ("fp16-sr", "nvfp4", {"read_encode": "launch", "encode_rows": 16})],
     ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32",
          "evict-fp8", "evict-nvfp4", "encode-launch-nvfp4", "encode-launch-mxfp4",
-         "encode-launch-chunks-nvfp4", "encode-launch-fp16sr-nvfp4"])
+         "encode-launch-chunks-nvfp4", "encode-launch-fp16sr-nvfp4",
+         "encode-launch-chunks-fp16sr-nvfp4"])
 def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict,
                                          monkeypatch) -> None:
     """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
@@ -647,6 +649,18 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
                 assert rel(a, b) < 1e-6
             else:
                 assert torch.equal(a, b)
+
+
+def test_encode_rows_take_whole_matrices_up_to_16_kb() -> None:
+    """The encode launch reads a stored matrix of at most 16 KB (rows rounded up to a
+    power of two) as one tile, larger ones in 32- or 16-row chunks: the model shapes
+    at batch 256 as timed on an H200."""
+    assert read_encode.encode_rows(64, 128, 2) == 64  # nemotron-3-super-120b, fp16-sr
+    assert read_encode.encode_rows(64, 128, 4) == 32  # its fp32 checkpoint
+    assert read_encode.encode_rows(128, 128, 2) == 32  # qwen3.5: 32 KB
+    assert read_encode.encode_rows(80, 128, 2) == 16  # nemotron-3-nano-4b: a 128-row tile
+    assert read_encode.encode_rows(32, 128, 4) == 32
+    assert read_encode.encode_rows(24, 32, 4) == 32  # a small shape: one masked tile
 
 
 # ---------------------------------------------------------------- GPU only
