@@ -13,8 +13,10 @@ import triton.language as tl
 from .gdn_device import _gates, _prep_qk, _ring_kg, _ring_rows
 from .gdn_extra import inv_unit_lower, load_tile
 from .tl_common import (
+    at_flushing_row,
     batch_slots,
     first_unit,
+    flushing_rows,
     next_unit,
     post_amax_part,
     ring_decode,
@@ -432,9 +434,7 @@ def _flush_kernel(
             flag = live & (nb == L - 1)
             if pid == 0:
                 tl.store(skip + offs_b, flag.to(tl.int32), mask=inb)
-        fl = flag.to(tl.int32)
-        key = tl.where(flag, tl.cumsum(fl, axis=0), 0)  # j + 1 at the j-th flushing row
-        units = tl.sum(fl, axis=0) * (HV * NU)
+        key, units = flushing_rows(flag, HV * NU)
         scr_p = scr + pid.to(tl.int64) * (BVF * K)
         u = first_unit(pid, units, work, CLAIM)
         while u < units:
@@ -443,14 +443,13 @@ def _flush_kernel(
             part = u % NU
             # the unit's sequence, slot, entry count and SR step from the vectors above: the
             # unit's loads need no scalar round trip first
-            sel = key == j + 1
-            bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0)
-            slot = tl.sum(tl.where(sel, sl0, 0), axis=0)
+            bidx = at_flushing_row(key, j, offs_b)
+            slot = at_flushing_row(key, j, sl0)
             if COMMIT:
-                n = tl.sum(tl.where(sel, nb, 0), axis=0)
+                n = at_flushing_row(key, j, nb)
             else:
                 n = L - 1
-            t = tl.sum(tl.where(sel, tb, 0), axis=0)
+            t = at_flushing_row(key, j, tb)
             _flush_unit(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, c_data, c_s1,
                         c_s2, f_data, f_s1, f_s2, ring_k, ring_v, ring_g, ring_b, ring_kk, fresh,
                         scr_p, seed, bidx, slot, h, part, n, t, HK, HV, K, V, BVF, FB, FNS, R, RP,

@@ -67,10 +67,12 @@ import triton.language as tl
 from .mamba2_kernel import head_consts, tile_inputs
 from .tl_common import (
     K_RING_FP32,
+    at_flushing_row,
     batch_slots,
     decay_weights,
     dt_of,
     first_unit,
+    flushing_rows,
     gate,
     next_unit,
     ring_decode,
@@ -263,10 +265,9 @@ def _unit(u, key, offs_b, sl0, k, H, UPH, ROWS: tl.constexpr):
     the last gives row and slot 0)."""
     j = u // (H * UPH)
     rem = u % (H * UPH)
-    sel = key == j + 1
-    bidx = tl.sum(tl.where(sel, offs_b, 0), axis=0).to(tl.int64)
-    slot = tl.sum(tl.where(sel, sl0, 0), axis=0).to(tl.int64)
-    t = tl.sum(tl.where(sel, k, 0), axis=0)
+    bidx = at_flushing_row(key, j, offs_b).to(tl.int64)
+    slot = at_flushing_row(key, j, sl0).to(tl.int64)
+    t = at_flushing_row(key, j, k)
     return bidx, slot, t, rem // UPH, (rem % UPH) * ROWS
 
 
@@ -314,10 +315,7 @@ def m2_flush_kernel(
     cpos = k % L
     if (pid == 0) and not CONC:  # (CONC: the weights launch writes them)
         tl.store(pos + offs_b, tl.where(live, cpos, -1), mask=inb)
-    flag = live & (cpos == L - 1)
-    fl = flag.to(tl.int32)
-    key = tl.where(flag, tl.cumsum(fl, axis=0), 0)  # j + 1 at the j-th flushing row
-    units = tl.sum(fl, axis=0) * (H * UPH)
+    key, units = flushing_rows(live & (cpos == L - 1), H * UPH)
     offs_n = tl.arange(0, N)
     offs_r = tl.arange(0, RB)
     HP = H * P

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .state import DENSE_FORMATS, StateStore
-from .tl_common import batch_slots
+from .tl_common import at_flushing_row, batch_slots, flushing_rows
 from .tl_formats import K_NVFP4, load_state, matrix_amax, store_state_with
 
 ENCODE_CTAS_PER_SM = 8
@@ -67,13 +67,11 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, f_data, f_
     G = tl.num_programs(0)
     _, _, live, sl0 = batch_slots(state_idx, B, BP)
     t = tl.load(tickets + sl0, mask=live, other=0) // PCLK
-    flag = live & (t % L == L - 1)
-    key = tl.where(flag, tl.cumsum(flag.to(tl.int32), axis=0), 0)  # j + 1 at the j-th
-    units = tl.sum(flag.to(tl.int32), axis=0) * H
+    key, units = flushing_rows(live & (t % L == L - 1), H)
     NCH: tl.constexpr = (P + FB - 1) // FB
     u = pid
     while u < units:
-        slot = tl.sum(tl.where(key == u // H + 1, sl0, 0), axis=0)
+        slot = at_flushing_row(key, u // H, sl0)
         mat = slot.to(tl.int64) * H + u % H
         amax = 0.0
         if NCH == 1:  # the whole matrix in one tile: one read

@@ -182,6 +182,22 @@ def batch_slots(state_idx, B, BP: tl.constexpr):
 
 
 @triton.jit
+def flushing_rows(flag, units_per_row):
+    """A persistent flush launch's flushing rows among a batch vector (``flag``): ``key``
+    (``j + 1`` at the j-th flushing row, else 0) and the launch's number of units,
+    ``units_per_row`` for each flushing row."""
+    fl = flag.to(tl.int32)
+    return tl.where(flag, tl.cumsum(fl, axis=0), 0), tl.sum(fl, axis=0) * units_per_row
+
+
+@triton.jit
+def at_flushing_row(key, j, values):
+    """The entry of batch vector ``values`` at the j-th flushing row (``key`` from
+    :func:`flushing_rows`; 0 past the last)."""
+    return tl.sum(tl.where(key == j + 1, values, 0), axis=0)
+
+
+@triton.jit
 def claim_unit(work):
     """The next unit of a flush launch whose programs claim their units one at a time
     from the counter ``work[0]`` (zero between launches; see :func:`claim_done`)."""
