@@ -18,7 +18,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +26,14 @@ for p in (ROOT, Path(__file__).resolve().parent):
         sys.path.insert(0, str(p))
 
 from profile_steps import DESIGNS  # noqa: E402
+from window_cli import (  # noqa: E402
+    HEADER,
+    add_window_args,
+    checked_preset,
+    window_row,
+    write_rows,
+)
 
-from precisionlab.atomic import write_json  # noqa: E402
 from precisionlab.kernels import read_encode  # noqa: E402
 from precisionlab.kernels.read_encode import encodes_apart  # noqa: E402
 from precisionlab.presets import get_preset  # noqa: E402
@@ -83,12 +88,7 @@ def time_settings(model: str, design: str, settings: list[dict], batch: int, win
             for key, name in SETTINGS.items():
                 setattr(read_encode, name, setting.get(key, saved[name]))
             times = _time_one(kind, model, ck, rd, batch, window, rounds)
-            row = {"setting": setting, "us_output": round(float(np.mean(times[:-1])), 2),
-                   "us_flush": round(float(times[-1]), 1),
-                   "us_step": round(float(np.mean(times)), 2)}
-            log(f"{row['us_output']:9.2f} {row['us_flush']:9.1f} {row['us_step']:9.2f}  "
-                f"{setting or 'defaults'}")
-            rows.append(row)
+            rows.append(window_row("setting", setting, times, log))
     finally:
         for name, value in saved.items():
             setattr(read_encode, name, value)
@@ -102,19 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setting", action="append", default=None, metavar='"K=V ..."',
                     help=f"encode-launch settings, keys {', '.join(SETTINGS)} (repeat for "
                     "each; \"\" = the defaults)")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=2, help="timed passes of the window")
-    ap.add_argument("--out", default=None, help="JSON file of the results")
+    add_window_args(ap)
     args = ap.parse_args(argv)
-    if args.batch < 1 or args.window < 2 or args.rounds < 1:
-        ap.error("--batch and --rounds must be >= 1 and --window >= 2")
-    try:
-        preset = get_preset(args.model)
-    except KeyError as e:
-        ap.error(str(e).strip("'\""))
-    if preset.kind not in ("gdn", "mamba2"):
-        ap.error(f"--model {args.model} is a {preset.kind} model, not gdn or mamba2")
+    checked_preset(ap, args, ("gdn", "mamba2"))
     ck, rd = DESIGNS[args.design]
     if not encodes_apart(ck, rd):
         ap.error(f"--design {args.design}: its read copy is encoded in the flush")
@@ -125,15 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("time_encode_launch: needs a CUDA GPU", file=sys.stderr)
         return 2
-    print(f"{'output us':>9} {'flush us':>9} {'step us':>9}  setting "
-          f"({args.model}, {args.design}, batch {args.batch}, L = {args.window})")
-    rows = time_settings(args.model, args.design, settings, args.batch, args.window,
-                         args.rounds)
-    if args.out:
-        write_json(args.out, {"model": args.model, "design": args.design,
-                              "batch": args.batch, "window": args.window,
-                              "device": torch.cuda.get_device_name(),
-                              "torch": torch.__version__, "results": rows})
+    print(f"{HEADER}  setting ({args.model}, {args.design}, batch {args.batch}, "
+          f"L = {args.window})")
+    write_rows(args, time_settings(args.model, args.design, settings, args.batch,
+                                   args.window, args.rounds))
     return 0
 
 

@@ -20,7 +20,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,10 +28,15 @@ for p in (ROOT, Path(__file__).resolve().parent):
         sys.path.insert(0, str(p))
 
 from profile_steps import DESIGNS, _check_split, _split_fields  # noqa: E402
+from window_cli import (  # noqa: E402
+    HEADER,
+    add_window_args,
+    checked_preset,
+    window_row,
+    write_rows,
+)
 
-from precisionlab.atomic import write_json  # noqa: E402
 from precisionlab.kernels.mamba2_step import SplitConfig  # noqa: E402
-from precisionlab.presets import get_preset  # noqa: E402
 
 
 def time_configs(model: str, design: str, configs: list[dict], batch: int, window: int,
@@ -48,12 +52,7 @@ def time_configs(model: str, design: str, configs: list[dict], batch: int, windo
     rows = []
     for fields in configs:
         times = runner.replay(prob, ck, rd, window, {"launch": "split", **fields})
-        row = {"config": fields, "us_output": round(float(np.mean(times[:-1])), 2),
-               "us_flush": round(float(times[-1]), 1),
-               "us_step": round(float(np.mean(times)), 2)}
-        log(f"{row['us_output']:9.2f} {row['us_flush']:9.1f} {row['us_step']:9.2f}  "
-            f"{fields or 'defaults'}")
-        rows.append(row)
+        rows.append(window_row("config", fields, times, log))
     return rows
 
 
@@ -64,19 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", action="append", default=None, metavar='"F=V ..."',
                     help="SplitConfig fields (repeat for each configuration; \"\" = the "
                     "defaults)")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=2, help="timed passes of the window")
-    ap.add_argument("--out", default=None, help="JSON file of the results")
+    add_window_args(ap)
     args = ap.parse_args(argv)
-    if args.batch < 1 or args.window < 2 or args.rounds < 1:
-        ap.error("--batch and --rounds must be >= 1 and --window >= 2")
-    try:
-        preset = get_preset(args.model)
-    except KeyError as e:
-        ap.error(str(e).strip("'\""))
-    if preset.kind != "mamba2":
-        ap.error(f"--model {args.model} is a {preset.kind} model, not mamba2")
+    preset = checked_preset(ap, args, ("mamba2",))
     ck, rd = DESIGNS[args.design]
     configs = []
     for text in args.config or [""]:
@@ -89,15 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("time_split_configs: needs a CUDA GPU", file=sys.stderr)
         return 2
-    print(f"{'output us':>9} {'flush us':>9} {'step us':>9}  configuration "
-          f"({args.model}, {args.design}, batch {args.batch}, L = {args.window})")
-    rows = time_configs(args.model, args.design, configs, args.batch, args.window,
-                        args.rounds)
-    if args.out:
-        write_json(args.out, {"model": args.model, "design": args.design,
-                              "batch": args.batch, "window": args.window,
-                              "device": torch.cuda.get_device_name(),
-                              "torch": torch.__version__, "results": rows})
+    print(f"{HEADER}  configuration ({args.model}, {args.design}, batch {args.batch}, "
+          f"L = {args.window})")
+    write_rows(args, time_configs(args.model, args.design, configs, args.batch,
+                                  args.window, args.rounds))
     return 0
 
 

@@ -1,0 +1,59 @@
+"""Shared command-line pieces of the scripts that time one replay window per variant
+side by side (``time_split_configs.py``, ``time_encode_launch.py``): the window
+arguments and their checks, the preset lookup, a result row per variant and the JSON
+they write (whole or not at all)."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from precisionlab.atomic import write_json
+from precisionlab.presets import get_preset
+
+HEADER = f"{'output us':>9} {'flush us':>9} {'step us':>9}"
+"""The columns of :func:`window_row`'s log line."""
+
+
+def add_window_args(ap: argparse.ArgumentParser) -> None:
+    """``--batch``, ``--window``, ``--rounds`` and ``--out``."""
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2, help="timed passes of the window")
+    ap.add_argument("--out", default=None, help="JSON file of the results")
+
+
+def checked_preset(ap: argparse.ArgumentParser, args: argparse.Namespace, kinds: tuple[str, ...]):
+    """The preset of ``args.model`` after the window arguments' checks; a usage error
+    (exit 2) where any fails or the model is of none of ``kinds``."""
+    if args.batch < 1 or args.window < 2 or args.rounds < 1:
+        ap.error("--batch and --rounds must be >= 1 and --window >= 2")
+    try:
+        preset = get_preset(args.model)
+    except KeyError as e:
+        ap.error(str(e).strip("'\""))
+    if preset.kind not in kinds:
+        ap.error(f"--model {args.model} is a {preset.kind} model, not {' or '.join(kinds)}")
+    return preset
+
+
+def window_row(key: str, variant: dict, times: list[float], log=print) -> dict:
+    """The row of one variant (``{key: variant}``) from a window's per-position times:
+    mean output step, flush step and window mean (us); logs one line."""
+    row = {key: variant, "us_output": round(float(np.mean(times[:-1])), 2),
+           "us_flush": round(float(times[-1]), 1), "us_step": round(float(np.mean(times)), 2)}
+    log(f"{row['us_output']:9.2f} {row['us_flush']:9.1f} {row['us_step']:9.2f}  "
+        f"{variant or 'defaults'}")
+    return row
+
+
+def write_rows(args: argparse.Namespace, rows: list[dict]) -> None:
+    """The results as JSON at ``args.out`` (if given), with the model, design, batch,
+    window, device and torch version."""
+    if args.out:
+        write_json(args.out, {"model": args.model, "design": args.design,
+                              "batch": args.batch, "window": args.window,
+                              "device": torch.cuda.get_device_name(),
+                              "torch": torch.__version__, "results": rows})
