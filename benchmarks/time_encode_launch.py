@@ -30,6 +30,7 @@ from window_cli import (  # noqa: E402
     HEADER,
     add_window_args,
     checked_preset,
+    time_window,
     window_row,
     write_rows,
 )
@@ -61,20 +62,6 @@ def parse_setting(text: str) -> dict[str, int]:
     return out
 
 
-def _time_one(kind: str, model: str, ck: str, rd: str, batch: int, window: int,
-              rounds: int) -> list[float]:
-    dev = torch.device("cuda")
-    if kind == "gdn":
-        from precisionlab.studies.bench_gdn import Clock, shape_of, time_replay
-
-        return time_replay(shape_of(model, batch), Clock(dev), ck, rd, window, rounds)
-    from precisionlab.studies.bench_mamba2 import _Problem, _Runner
-    from precisionlab.timing import ColdL2Timer
-
-    runner = _Runner(ColdL2Timer(dev), rounds, lambda _: None)
-    return runner.replay(_Problem(model, batch, dev), ck, rd, window, {"launch": "split"})
-
-
 def time_settings(model: str, design: str, settings: list[dict], batch: int, window: int,
                   rounds: int, log=print) -> list[dict]:
     """Output-step mean, flush step and window mean (us) under each setting; the module
@@ -87,7 +74,7 @@ def time_settings(model: str, design: str, settings: list[dict], batch: int, win
         for setting in settings:
             for key, name in SETTINGS.items():
                 setattr(read_encode, name, setting.get(key, saved[name]))
-            times = _time_one(kind, model, ck, rd, batch, window, rounds)
+            times = time_window(kind, model, ck, rd, batch, window, rounds)
             rows.append(window_row("setting", setting, times, log))
     finally:
         for name, value in saved.items():

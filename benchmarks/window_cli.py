@@ -1,7 +1,7 @@
-"""Shared command-line pieces of the scripts that time one replay window per variant
-side by side (``time_split_configs.py``, ``time_encode_launch.py``): the window
-arguments and their checks, the preset lookup, a result row per variant and the JSON
-they write (whole or not at all)."""
+"""Shared pieces of the scripts that time one replay window per variant side by side
+(``time_split_configs.py``, ``time_encode_launch.py``, ``time_conditional_flush.py``):
+the window arguments and their checks, the preset lookup, the timing of a window, a
+result row per variant and the JSON they write (whole or not at all)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,26 @@ def checked_preset(ap: argparse.ArgumentParser, args: argparse.Namespace, kinds:
     if preset.kind not in kinds:
         ap.error(f"--model {args.model} is a {preset.kind} model, not {' or '.join(kinds)}")
     return preset
+
+
+def time_window(kind: str, model: str, ck: str, rd: str | None, batch: int, window: int,
+                rounds: int, cfg: dict | None = None) -> list[float]:
+    """Per-ring-position times (us; the flush last) of one replay window of a design
+    (checkpoint ``ck``, read copy ``rd``) as the benchmarks time it, CUDA-graph steps
+    with a cold L2; ``cfg``: GDN cache keywords, or Mamba-2 ``SplitConfig`` fields of
+    the split launch."""
+    dev = torch.device("cuda")
+    if kind == "gdn":
+        from precisionlab.studies.bench_gdn import Clock, shape_of, time_replay
+
+        return time_replay(shape_of(model, batch), Clock(dev), ck, rd, window, rounds,
+                           dict(cfg or {}))
+    from precisionlab.studies.bench_mamba2 import _Problem, _Runner
+    from precisionlab.timing import ColdL2Timer
+
+    runner = _Runner(ColdL2Timer(dev), rounds, lambda _: None)
+    return runner.replay(_Problem(model, batch, dev), ck, rd, window,
+                         {"launch": "split", **(cfg or {})})
 
 
 def window_row(key: str, variant: dict, times: list[float], log=print) -> dict:

@@ -357,9 +357,11 @@ def test_concurrent_flush_equals_sequential(ck, rd) -> None:
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
-def test_concurrent_flush_in_a_graph() -> None:
+@pytest.mark.parametrize("stagger", [True, False], ids=["staggered", "aligned"])
+def test_concurrent_flush_in_a_graph(stagger: bool) -> None:
     """The concurrent flush's fork and join captured in a CUDA graph: replays walk two
-    windows with the bits of the one-stream step."""
+    windows with the bits of the one-stream step, rows at staggered ring positions or
+    all at one (most steps then skip the flush launch's conditional node)."""
     L, batch = 3, 4
     kind, params, raws = setup(steps=1, batch=batch, seed=12)
     head = HeadParams(params.A, params.D, params.dt_bias)
@@ -371,7 +373,8 @@ def test_concurrent_flush_in_a_graph() -> None:
                                      launch="split",
                                      split_config=SplitConfig(concurrent_flush=conc))
         cache.load_state(state0(batch))
-        stagger_clocks(cache.tickets, L, cache.programs_per_slot)
+        if stagger:
+            stagger_clocks(cache.tickets, L, cache.programs_per_slot)
         out = torch.empty(batch, H, P, device=DEV)
         snap = cache.tickets.clone()
         mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
