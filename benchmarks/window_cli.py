@@ -1,7 +1,7 @@
 """Shared pieces of the scripts that time one replay window per variant side by side
-(``time_split_configs.py``, ``time_encode_launch.py``, ``time_conditional_flush.py``):
-the window arguments and their checks, the preset lookup, the timing of a window, a
-result row per variant and the JSON they write (whole or not at all)."""
+(``time_split_configs.py``, ``time_encode_launch.py``): the window arguments and their
+checks, the preset lookup, the timing of a window, a result row per variant and the
+JSON they write (whole or not at all)."""
 
 from __future__ import annotations
 

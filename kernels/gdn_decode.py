@@ -782,8 +782,7 @@ class GDNReplayCache:
             lambda: self._out_launch(v, state_indices, out),
             lambda: self._flush(q, k, v, a, b, A_log, dt_bias, state_indices, state_indices,
                                 out, commit=False),
-            lambda: self._advance_clocks(state_indices),
-            when=(self.counters.tickets, state_indices, self.L, self.programs_per_slot))
+            lambda: self._advance_clocks(state_indices))
 
     def _advance_clocks(self, state_indices) -> None:
         """The concurrent staged step's clock advance: on the flush's stream, behind the

@@ -823,8 +823,7 @@ def launch_split_step(
             weights_launch()
         output()
     elif x.is_cuda:  # the flush and the clock advance on a second stream
-        cache.flush_stream.step(x.device, weights_launch, output, flush, advance,
-                                when=(cache.tickets, state_indices, L, 1))
+        cache.flush_stream.step(x.device, weights_launch, output, flush, advance)
     else:  # one stream (CPU): the order a second stream may take, the flush last
         weights_launch()
         output()

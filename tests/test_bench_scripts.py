@@ -48,9 +48,6 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_encode_launch.py", ["--setting", "ctas=x"], "ctas must be an integer"),
     ("time_encode_launch.py", ["--design", "split-fp32-fp8"], "encoded in the flush"),
     ("time_encode_launch.py", ["--model", "no-such-model"], "unknown model"),
-    ("time_conditional_flush.py", ["--setting", "flush_grid=units"], "conditional=0 or"),
-    ("time_conditional_flush.py", ["--setting", "conditional"], "KEY=VALUE"),
-    ("time_conditional_flush.py", ["--model", "no-such-model"], "unknown model"),
     ("probe_nvfp4_encode.py", [], "--out is required unless --check-only"),
     ("probe_nvfp4_encode.py", ["--sources", "fp8"], "invalid choice"),
     ("probe_nvfp4_encode.py", ["--out", "no/such/dir/x.json"], "no directory"),
@@ -66,7 +63,6 @@ def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: 
     ("time_split_configs.py", ["--config", "", "--config", "maxnreg=96 tail_tile=true"]),
     ("probe_nvfp4_encode.py", []),
     ("time_encode_launch.py", ["--model", "nemotron-3-nano-4b", "--setting", "rows=32"]),
-    ("time_conditional_flush.py", ["--setting", "conditional=1 flush_grid=units"]),
 ])
 def test_timing_scripts_without_gpu_exit_2(script: str, args: list[str], tmp_path: Path) -> None:
     if __import__("torch").cuda.is_available():

@@ -361,7 +361,7 @@ def test_concurrent_flush_equals_sequential(ck, rd) -> None:
 def test_concurrent_flush_in_a_graph(stagger: bool) -> None:
     """The concurrent flush's fork and join captured in a CUDA graph: replays walk two
     windows with the bits of the one-stream step, rows at staggered ring positions or
-    all at one (most steps then skip the flush launch's conditional node)."""
+    all at one (most steps' flush launches then find nothing to flush)."""
     L, batch = 3, 4
     kind, params, raws = setup(steps=1, batch=batch, seed=12)
     head = HeadParams(params.A, params.D, params.dt_bias)
