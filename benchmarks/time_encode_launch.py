@@ -18,8 +18,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, Path(__file__).resolve().parent):
     if str(p) not in sys.path:
@@ -27,12 +25,11 @@ for p in (ROOT, Path(__file__).resolve().parent):
 
 from profile_steps import DESIGNS  # noqa: E402
 from window_cli import (  # noqa: E402
-    HEADER,
     add_window_args,
     checked_preset,
+    run_timed,
     time_window,
     window_row,
-    write_rows,
 )
 
 from precisionlab.kernels import read_encode  # noqa: E402
@@ -99,14 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = [parse_setting(text) for text in args.setting or [""]]
     except ValueError as e:
         ap.error(f"--setting: {e}")
-    if not torch.cuda.is_available():
-        print("time_encode_launch: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    print(f"{HEADER}  setting ({args.model}, {args.design}, batch {args.batch}, "
-          f"L = {args.window})")
-    write_rows(args, time_settings(args.model, args.design, settings, args.batch,
-                                   args.window, args.rounds))
-    return 0
+    return run_timed("time_encode_launch", args, "setting", lambda: time_settings(
+        args.model, args.design, settings, args.batch, args.window, args.rounds))
 
 
 if __name__ == "__main__":

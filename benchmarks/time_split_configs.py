@@ -29,11 +29,10 @@ for p in (ROOT, Path(__file__).resolve().parent):
 
 from profile_steps import DESIGNS, _check_split, _split_fields  # noqa: E402
 from window_cli import (  # noqa: E402
-    HEADER,
     add_window_args,
     checked_preset,
+    run_timed,
     window_row,
-    write_rows,
 )
 
 from precisionlab.kernels.mamba2_step import SplitConfig  # noqa: E402
@@ -75,14 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, TypeError) as e:
             ap.error(f"--config {text!r}: {e}")
         configs.append(fields)
-    if not torch.cuda.is_available():
-        print("time_split_configs: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    print(f"{HEADER}  configuration ({args.model}, {args.design}, batch {args.batch}, "
-          f"L = {args.window})")
-    write_rows(args, time_configs(args.model, args.design, configs, args.batch,
-                                  args.window, args.rounds))
-    return 0
+    return run_timed("time_split_configs", args, "configuration", lambda: time_configs(
+        args.model, args.design, configs, args.batch, args.window, args.rounds))
 
 
 if __name__ == "__main__":

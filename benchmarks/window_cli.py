@@ -6,6 +6,8 @@ JSON they write (whole or not at all)."""
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -67,6 +69,20 @@ def window_row(key: str, variant: dict, times: list[float], log=print) -> dict:
     log(f"{row['us_output']:9.2f} {row['us_flush']:9.1f} {row['us_step']:9.2f}  "
         f"{variant or 'defaults'}")
     return row
+
+
+def run_timed(script: str, args: argparse.Namespace, label: str,
+              time_all: Callable[[], list[dict]]) -> int:
+    """Exit status of a script that times its variants: 2 with one line without a GPU;
+    else the header line (``label`` names the variants), the rows ``time_all`` logs and
+    returns, and their JSON (:func:`write_rows`)."""
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    print(f"{HEADER}  {label} ({args.model}, {args.design}, batch {args.batch}, "
+          f"L = {args.window})")
+    write_rows(args, time_all())
+    return 0
 
 
 def write_rows(args: argparse.Namespace, rows: list[dict]) -> None:
