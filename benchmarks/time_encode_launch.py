@@ -4,9 +4,10 @@ each ``--setting`` one replay window of CUDA-graph steps with a cold L2, as the
 benchmarks time them, reporting the mean output step, the flush step (flush launch and
 encode launch) and the window mean in microseconds.  The settings run in one process,
 in the order given; give the defaults twice (first and last) to see the run's noise.
+``at=flush`` times the flush encoding the copy itself instead (``read_encode="flush"``).
 
     python benchmarks/time_encode_launch.py --model qwen3.5-4b \\
-        --setting "" --setting "rows=128 warps=8" --setting "" --out encode.json
+        --setting "" --setting "rows=128 warps=8" --setting "at=flush" --out encode.json
 
 Exit 2 with one line on bad arguments or without a GPU; the JSON is written whole or
 not at all.
@@ -38,16 +39,23 @@ from precisionlab.presets import get_preset  # noqa: E402
 
 SETTINGS = {"rows": "ENCODE_ROWS", "warps": "ENCODE_WARPS", "ctas": "ENCODE_CTAS_PER_SM"}
 """``--setting`` keys and the ``read_encode`` module settings they set."""
+AT = ("launch", "flush")
+"""Values of the ``at`` key: where the copy is encoded (the design's ``read_encode``)."""
 
 
-def parse_setting(text: str) -> dict[str, int]:
+def parse_setting(text: str) -> dict[str, int | str]:
     """``{"rows": 128, ...}`` from ``"rows=128 warps=8"`` (empty: the defaults)."""
     out = {}
     for pair in text.split():
         key, sep, value = pair.partition("=")
+        if sep and key == "at":
+            if value not in AT:
+                raise ValueError(f"at must be one of {', '.join(AT)}, got {value!r}")
+            out[key] = value
+            continue
         if not sep or key not in SETTINGS:
-            raise ValueError(f"expected KEY=INT with KEY one of {', '.join(SETTINGS)}, "
-                             f"got {pair!r}")
+            raise ValueError(f"expected KEY=INT with KEY one of {', '.join(SETTINGS)} (or "
+                             f"at=launch|flush), got {pair!r}")
         try:
             out[key] = int(value)
         except ValueError:
@@ -71,7 +79,8 @@ def time_settings(model: str, design: str, settings: list[dict], batch: int, win
         for setting in settings:
             for key, name in SETTINGS.items():
                 setattr(read_encode, name, setting.get(key, saved[name]))
-            times = time_window(kind, model, ck, rd, batch, window, rounds)
+            cfg = {"read_encode": setting["at"]} if "at" in setting else None
+            times = time_window(kind, model, ck, rd, batch, window, rounds, cfg)
             rows.append(window_row("setting", setting, times, log))
     finally:
         for name, value in saved.items():
@@ -84,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="qwen3.5-4b", help="a GDN or Mamba-2 preset")
     ap.add_argument("--design", choices=sorted(DESIGNS), default="split-fp16sr-nvfp4")
     ap.add_argument("--setting", action="append", default=None, metavar='"K=V ..."',
-                    help=f"encode-launch settings, keys {', '.join(SETTINGS)} (repeat for "
-                    "each; \"\" = the defaults)")
+                    help=f"encode-launch settings, keys {', '.join(SETTINGS)} and at "
+                    "(launch or flush; repeat for each; \"\" = the defaults)")
     add_window_args(ap)
     args = ap.parse_args(argv)
     checked_preset(ap, args, ("gdn", "mamba2"))

@@ -32,8 +32,11 @@ from .tl_formats import (
     decode_tile,
     flush_amax,
     fp8_encode_hw,
+    is_16bit,
     load_state,
+    matrix_amax,
     store_codes,
+    store_rounded_with,
     store_state_with,
     stored_values,
 )
@@ -157,7 +160,12 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     one to post encodes the nvfp4 copies of all V rows (:func:`_encode_posted`).  VPRE:
     a chunk's ring v rows are loaded while the chunk before it folds (the single-pass
     chunk loop).  EVICT: the checkpoint's and read copy's final stores evict first from
-    L2 (:func:`_write_rows`; not the scratch rows, which the second pass reads)."""
+    L2 (:func:`_write_rows`; not the scratch rows, which the second pass reads).
+
+    A 16-bit checkpoint beside an nvfp4 copy that the flush encodes: the checkpoint's
+    rounding is drawn once per fold of a chunk, for the amax, and its values go on to the
+    checkpoint's store and the copy (``ROUNDED`` in :func:`_write_rows`; with SCRATCH or
+    PARTS the scratch holds them)."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
@@ -189,6 +197,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     AMAX: tl.constexpr = (C_FMT == K_NVFP4) or (F_FMT == K_NVFP4)
     C4: tl.constexpr = C_FMT == K_NVFP4
     F4: tl.constexpr = F_FMT == K_NVFP4
+    RCK: tl.constexpr = F4 and is_16bit(C_FMT)
     amax = 0.0
     if C_FMT == K_NVFP4:
         s2_old = tl.load(c_s2 + mat)
@@ -206,15 +215,20 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
             Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
                              offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
                              C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
-            amax = tl.maximum(amax, flush_amax(Sn, mat, offs_v, V, seed, t, C_FMT, F_FMT,
+            if RCK:  # the scratch keeps the checkpoint's values, which the copy encodes
+                Sr = stored_values(Sn, mat, offs_v, V, seed, t, C_FMT, FB, K)
+                amax = tl.maximum(amax, matrix_amax(Sr))
+            else:
+                Sr = Sn
+                amax = tl.maximum(amax, flush_amax(Sn, mat, offs_v, V, seed, t, C_FMT, F_FMT,
                                                    FB, K))
-            tl.store(scr + (offs_v - v0)[:, None] * K + offs_k[None, :], Sn)
+            tl.store(scr + (offs_v - v0)[:, None] * K + offs_k[None, :], Sr)
             _write_rows(Sn, 0.0, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                         offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, not C4,
-                        not F4, FAST, HW, EVICT=EVICT)
+                        not F4, FAST, HW, EVICT=EVICT, Sr_in=Sr, ROUNDED=RCK)
         if PARTS > 0:  # the last of the matrix's programs encodes all its rows
             _encode_posted(sync, amax, scr - v0 * K, c_data, c_s1, c_s2, f_data, f_s1, f_s2,
-                           mat, seed, t, K, V, FB, FNS, PARTS, C_FMT, F_FMT, FAST)
+                           mat, seed, t, K, V, FB, FNS, PARTS, C_FMT, F_FMT, FAST, RCK)
         else:  # second pass: the nvfp4 copies of the unit's rows
             tl.debug_barrier()  # the scratch rows are read back by other threads
             for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
@@ -222,17 +236,21 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 Sn = tl.load(scr + (offs_v - v0)[:, None] * K + offs_k[None, :])
                 _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row,
                             mat, offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, False, False, C4,
-                            F4, FAST, EVICT=EVICT)
+                            F4, FAST, EVICT=EVICT, Sr_in=Sn, ROUNDED=RCK)
     elif NC == 1:
         offs_v = v0 + tl.arange(0, FB)
         Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n,
                          valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
                          DOT, ck_desc, TMA, v0)
-        if AMAX:
+        Sr = Sn
+        if RCK:
+            Sr = stored_values(Sn, mat, offs_v, V, seed, t, C_FMT, FB, K)
+            amax = matrix_amax(Sr)
+        elif AMAX:
             amax = flush_amax(Sn, mat, offs_v, V, seed, t, C_FMT, F_FMT, FB, K)
         _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row, mat,
                     offs_v, q, seed, t, K, V, FB, C_FMT, F_FMT, STEP, FRESH, True, True, FAST,
-                    HW, ck_desc, TMA, v0, EVICT)
+                    HW, ck_desc, TMA, v0, EVICT, Sr, RCK)
     else:
         if AMAX:  # first pass: the matrix amax only (the second reads L2-hot data)
             for c in tl.range(0, NC, num_stages=FNS, disable_licm=NOLICM):
@@ -267,10 +285,10 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
 def _encode_posted(sync, amax, scr, c_data, c_s1, c_s2, f_data, f_s1, f_s2, mat, seed, t,
                    K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr,
                    PARTS: tl.constexpr, C_FMT: tl.constexpr, F_FMT: tl.constexpr,
-                   FAST: tl.constexpr):
+                   FAST: tl.constexpr, ROUNDED: tl.constexpr = False):
     """Post this program's part of a matrix flushed by PARTS programs
     (:func:`tl_common.post_amax_part`); the last of them encodes the nvfp4 copies of all
-    V rows from the scratch."""
+    V rows from the scratch (ROUNDED: it holds a 16-bit checkpoint's stored values)."""
     last, amax_mat = post_amax_part(sync, amax, PARTS)
     if last:
         offs_k = tl.arange(0, K)
@@ -279,7 +297,7 @@ def _encode_posted(sync, amax, scr, c_data, c_s1, c_s2, f_data, f_s1, f_s2, mat,
             Sn = tl.load(scr + offs_v[:, None] * K + offs_k[None, :], cache_modifier=".cg")
             _write_rows(Sn, amax_mat, c_data, c_s1, c_s2, f_data, f_s1, f_s2, scr, scr, mat,
                         offs_v, 0.0, seed, t, K, V, FB, C_FMT, F_FMT, False, False,
-                        C_FMT == K_NVFP4, F_FMT == K_NVFP4, FAST)
+                        C_FMT == K_NVFP4, F_FMT == K_NVFP4, FAST, Sr_in=Sn, ROUNDED=ROUNDED)
 
 
 @triton.jit
@@ -288,10 +306,14 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
                 C_FMT: tl.constexpr, F_FMT: tl.constexpr, STEP: tl.constexpr,
                 FRESH: tl.constexpr, W_C: tl.constexpr = True, W_F: tl.constexpr = True,
                 FAST: tl.constexpr = False, HW: tl.constexpr = False, ck_desc=None,
-                TMA: tl.constexpr = False, row0=0, EVICT: tl.constexpr = False):
+                TMA: tl.constexpr = False, row0=0, EVICT: tl.constexpr = False, Sr_in=None,
+                ROUNDED: tl.constexpr = False):
     """Store fresh rows: the fp32 state (FRESH), the checkpoint (W_C; SR seed), the read
     copy of the checkpoint's stored values (W_F; seed + 1) and, for a step flush, the
-    step's output ``S q``.  HW (compiled code only): an fp8 read copy by the hardware
+    step's output ``S q``.  ROUNDED (a 16-bit checkpoint): ``Sr_in`` holds the
+    checkpoint's stored values already (``tl_formats.stored_values``); the checkpoint is stored
+    from them (``tl_formats.store_rounded_with``) and the copy encodes them, with no
+    second draw of the rounding.  HW (compiled code only): an fp8 read copy by the hardware
     conversion
     (``tl_formats.fp8_encode_hw``, the same bits).  TMA with an fp32 checkpoint: the
     rows go out through the tensor descriptor ``ck_desc`` (a bulk store from shared
@@ -302,7 +324,12 @@ def _write_rows(Sn, amax, c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, out_row
         offs_k = tl.arange(0, K)
         tl.store(fresh + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], Sn)
     Sr = Sn  # what the read copy encodes: the checkpoint's stored values
-    if W_C and TMA and (C_FMT == K_FP32):
+    if ROUNDED:
+        Sr = Sr_in
+        if W_C:
+            store_rounded_with(c_data, c_s1, c_s2, Sr, mat, offs_v, mrow, V, C_FMT, FB, K, FAST,
+                               EVICT)
+    elif W_C and TMA and (C_FMT == K_FP32):
         ck_desc.store([(mat * V + row0).to(tl.int32), 0], Sn)
     elif W_C:
         Sc = store_state_with(c_data, c_s1, c_s2, Sn, mat, offs_v, mrow, V, seed, t, amax,

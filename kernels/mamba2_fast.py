@@ -87,7 +87,10 @@ from .tl_formats import (
     K_NVFP4,
     decode_tile,
     flush_amax,
+    is_16bit,
     load_codes,
+    matrix_amax,
+    stored_values,
     tile_offsets,
 )
 from .tl_mamba2_fast import (
@@ -96,6 +99,7 @@ from .tl_mamba2_fast import (
     row_dot,
     store_fast,
     store_read_fast,
+    store_rounded_fast,
     store_split_fast,
 )
 from .tl_prefetch import l2_prefetch_lines, l2_prefetch_rows
@@ -168,11 +172,20 @@ def _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, ro
                   seed_ck, seed_rd, t, amax, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
                   FB: tl.constexpr, N: tl.constexpr, HW_CVT: tl.constexpr,
                   FAST_ENC: tl.constexpr, ONE_PASS: tl.constexpr, W_CK: tl.constexpr,
-                  W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False):
+                  W_RD: tl.constexpr, W_FRESH: tl.constexpr, EVICT: tl.constexpr = False,
+                  Sr=None, ROUNDED: tl.constexpr = False):
     """Store fresh rows: the checkpoint (``W_CK``), the read copy of its stored values
     (``W_RD``), the fp32 state (``W_FRESH``); ``EVICT``: the copies' stores evict first
-    from L2."""
-    if W_CK and W_RD:
+    from L2.  ROUNDED (a 16-bit checkpoint): ``Sr`` holds the checkpoint's stored values
+    already (``tl_formats.stored_values``), and both copies are stored from them with no
+    second draw of the rounding."""
+    if ROUNDED:
+        if W_CK:
+            store_rounded_fast(ck_c, ck_s1, ck_s2, Sr, mat, rows, m, P, CK_FMT, FB, N, EVICT)
+        if W_RD:
+            store_fast(rd_c, rd_s1, rd_s2, Sr, mat, rows, m, P, seed_rd, t, amax, RD_FMT, FB,
+                       N, HW_CVT, FAST_ENC, ONE_PASS, EVICT)
+    elif W_CK and W_RD:
         store_split_fast(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck,
                          seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT, FAST_ENC, ONE_PASS,
                          EVICT)
@@ -323,6 +336,7 @@ def m2_flush_kernel(
     C4: tl.constexpr = CK_FMT == K_NVFP4
     R4: tl.constexpr = SPLIT and (RD_FMT == K_NVFP4)
     SCR: tl.constexpr = SCRATCH and NEED_AMAX and not ONE_PASS
+    RCK: tl.constexpr = R4 and is_16bit(CK_FMT)  # (the scratch pass: one rounding draw)
     if SCR:
         scr_p = scr + pid.to(tl.int64) * (FB * NQ * N)
     u = first_unit(pid, units, work, CLAIM)
@@ -369,21 +383,27 @@ def m2_flush_kernel(
                 rows, m, x_c, Sn = _chunk(ck_c, ck_s1, ck_s2, s2_old, mat, r0, q, P, x_h, rx_h,
                                           HP, offs_r, c, w, decay, eB, CK_FMT, FB, N, RING,
                                           NEED_AMAX, ck_desc, TMA)
-                amax = tl.maximum(amax, flush_amax(Sn, mat, rows, P, seed_ck, t, CK_FMT, RD_FMT,
-                                                   FB, N))
+                if RCK:  # the scratch keeps the checkpoint's values, which the copy encodes
+                    Sr = stored_values(Sn, mat, rows, P, seed_ck, t, CK_FMT, FB, N)
+                    amax = tl.maximum(amax, matrix_amax(Sr))
+                else:
+                    Sr = Sn
+                    amax = tl.maximum(amax, flush_amax(Sn, mat, rows, P, seed_ck, t, CK_FMT,
+                                                       RD_FMT, FB, N))
                 _flush_out(Sn, C_t, x_c, z_ptr, out_ptr, bidx, s_zb, s_ob, h, P, rows, m, D_h,
                            HAS_Z)
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N, HW_CVT,
-                              FAST_ENC, False, not C4, SPLIT and not R4, WRITE_FRESH, EV)
-                tl.store(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N), Sn)
+                              FAST_ENC, False, not C4, SPLIT and not R4, WRITE_FRESH, EV, Sr,
+                              RCK)
+                tl.store(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N), Sr)
             tl.debug_barrier()  # the scratch rows are read back by other threads
             for q in tl.range(0, NQ, num_stages=NSF):  # the nvfp4 copies from the scratch
                 rows = r0 + q * FB + tl.arange(0, FB)
                 Sn = tl.load(scr_p + tile_offsets(q * FB + tl.arange(0, FB), N))
                 _write_copies(Sn, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, fresh_ptr, mat, rows,
                               rows < P, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB, N,
-                              HW_CVT, FAST_ENC, False, C4, R4, False, EV)
+                              HW_CVT, FAST_ENC, False, C4, R4, False, EV, Sn, RCK)
             tl.debug_barrier()  # the next unit rewrites the scratch rows
         else:
             if NEED_AMAX and not ONE_PASS:  # nvfp4: the whole matrix's amax first

@@ -57,12 +57,15 @@ from .tl_formats import (
     K_NVFP4,
     decode_tile,
     flush_amax,
+    is_16bit,
     load_codes,
     load_state,
+    matrix_amax,
     store_state,
+    stored_values,
     tile_offsets,
 )
-from .tl_mamba2_fast import store_fast, store_read_fast, store_split_fast
+from .tl_mamba2_fast import store_fast, store_read_fast, store_rounded_fast, store_split_fast
 
 MODE_STEP = 1
 MODE_VERIFY = 2
@@ -82,10 +85,12 @@ def _tile_rows(q, h0, H, NPB: tl.constexpr, BLOCK_P: tl.constexpr):
 def _encode_posted(sync, amax, scr, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, mat, P, seed_ck,
                    seed_rd, step, CK_FMT: tl.constexpr, RD_FMT: tl.constexpr,
                    SPLIT: tl.constexpr, FB: tl.constexpr, N: tl.constexpr,
-                   PARTS: tl.constexpr, NQH: tl.constexpr, HW_CVT: tl.constexpr):
+                   PARTS: tl.constexpr, NQH: tl.constexpr, HW_CVT: tl.constexpr,
+                   ROUNDED: tl.constexpr = False):
     """Post this program's part of a head flushed by PARTS row-split programs
     (:func:`tl_common.post_amax_part`); the last of them encodes the nvfp4 copies of all
-    P rows (NQH chunks) from the head's fp32 scratch ``scr`` (row ``p`` at ``scr + p * N``)."""
+    P rows (NQH chunks) from the head's fp32 scratch ``scr`` (row ``p`` at ``scr + p * N``;
+    ROUNDED: it holds a 16-bit checkpoint's stored values)."""
     last, amax_mat = post_amax_part(sync, amax, PARTS)
     if last:
         for qq in range(NQH):
@@ -96,7 +101,10 @@ def _encode_posted(sync, amax, scr, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, mat,
             if CK_FMT == K_NVFP4:
                 store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, step, amax_mat,
                            CK_FMT, FB, N, HW_CVT, True)
-            if SPLIT and (RD_FMT == K_NVFP4):
+            if ROUNDED:
+                store_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_rd, step, amax_mat,
+                           RD_FMT, FB, N, HW_CVT, True)
+            elif SPLIT and (RD_FMT == K_NVFP4):
                 store_read_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck, seed_rd, step,
                                 amax_mat, CK_FMT, RD_FMT, FB, N, HW_CVT, True)
 
@@ -334,7 +342,16 @@ def mamba2_kernel(
                     # PARTS the nvfp4 copies wait for the head's amax
                     W_CK: tl.constexpr = (PARTS == 0) or (CK_FMT != K_NVFP4)
                     W_RD: tl.constexpr = SPLIT and ((PARTS == 0) or (RD_FMT != K_NVFP4))
-                    if W_CK and W_RD:
+                    # (PARTS, a 16-bit checkpoint beside an nvfp4 copy: its rounding drawn
+                    # once, for its store, the amax and the scratch the copy encodes)
+                    RCK: tl.constexpr = ((PARTS > 0) and SPLIT and (RD_FMT == K_NVFP4)
+                                         and is_16bit(CK_FMT))
+                    Sr = Sn
+                    if RCK:
+                        Sr = stored_values(Sn, mat, rows, P, seed_ck, t, CK_FMT, FB, N)
+                        store_rounded_fast(ck_c, ck_s1, ck_s2, Sr, mat, rows, m, P, CK_FMT, FB,
+                                           N)
+                    elif W_CK and W_RD:
                         store_split_fast(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, Sn, mat, rows,
                                          m, P, seed_ck, seed_rd, t, amax, CK_FMT, RD_FMT, FB,
                                          N, HW_CVT, True)
@@ -347,16 +364,20 @@ def mamba2_kernel(
                     if WRITE_FRESH:
                         tl.store(fresh_ptr + mat * P * N + tile_offsets(rows, N), Sn,
                                  mask=m[:, None])
-                    if PARTS > 0:
+                    if RCK:  # (masked rows are 0)
+                        amax = tl.maximum(amax, matrix_amax(Sr))
+                    elif PARTS > 0:
                         amax = tl.maximum(amax, flush_amax(  # (masked rows are 0)
                             Sn, mat, rows, P, seed_ck, t, CK_FMT, RD_FMT, FB, N))
-                        tl.store(scr_ptr + (b * H + h) * P * N + tile_offsets(rows, N), Sn,
+                    if PARTS > 0:
+                        tl.store(scr_ptr + (b * H + h) * P * N + tile_offsets(rows, N), Sr,
                                  mask=m[:, None])
                 if PARTS > 0:
                     _encode_posted(sync_ptr + (b * H + h) * 2, amax,
                                    scr_ptr + (b * H + h) * P * N, ck_c, ck_s1, ck_s2, rd_c,
                                    rd_s1, rd_s2, mat, P, seed_ck, seed_rd, t, CK_FMT,
-                                   RD_FMT, SPLIT, FB, N, PARTS, NQH, HW_CVT)
+                                   RD_FMT, SPLIT, FB, N, PARTS, NQH, HW_CVT,
+                                   SPLIT and (RD_FMT == K_NVFP4) and is_16bit(CK_FMT))
         else:
             # ---- output: y = exp(L) S_read C + sum_i w_i (B_i.C) x_i + D x --------
             BC = tl.sum(eB * C_t[None, :], axis=1)

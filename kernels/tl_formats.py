@@ -796,3 +796,34 @@ def store_state_with(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed,
     store_codes(codes_ptr, s1_ptr, s2_ptr, codes, s1, s2, mat, offs_p, mask_p, P,
                 FMT, BLOCK_P, N, EVICT)
     return tl.where(mask_p[:, None], decode_tile(codes, s1, s2, FMT, BLOCK_P, N), 0.0)
+
+
+@triton.jit
+def store_rounded_with(codes_ptr, s1_ptr, s2_ptr, Sr, mat, offs_p, mask_p, P,
+                       FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+                       FAST: tl.constexpr, EVICT: tl.constexpr = False):
+    """Store ``Sr``, the values :func:`stored_values` gives for a 16-bit format ``FMT``
+    (fp16, bf16, with or without stochastic rounding), through the round-to-nearest
+    encoder of its grid, which keeps a value the grid holds: the codes
+    :func:`store_state_with` writes for the fresh rows, without drawing the rounding
+    again."""
+    store_state_with(codes_ptr, s1_ptr, s2_ptr, Sr, mat, offs_p, mask_p, P, 0, 0, 0.0,
+                     nearest_16bit(FMT), BLOCK_P, N, FAST, EVICT)
+
+
+FMTS_16BIT = (FMT_FP16, FMT_FP16_SR, FMT_BF16, FMT_BF16_SR)
+"""The 16-bit format codes: fp16 and bf16, with or without stochastic rounding."""
+
+
+@triton.constexpr_function
+def is_16bit(fmt) -> bool:
+    """Whether format code ``fmt`` is one of :data:`FMTS_16BIT`."""
+    return fmt in FMTS_16BIT
+
+
+@triton.constexpr_function
+def nearest_16bit(fmt) -> int:
+    """The round-to-nearest format code of 16-bit format ``fmt``'s grid."""
+    if fmt not in FMTS_16BIT:
+        raise ValueError(f"format code {fmt} is not a 16-bit format")
+    return FMT_FP16 if fmt in (FMT_FP16, FMT_FP16_SR) else FMT_BF16

@@ -37,6 +37,8 @@ from .tl_formats import (
     fp8_encode_hw,
     fp16_bits_to_f32,
     fp16_rne_bits,
+    is_16bit,
+    nearest_16bit,
     nvfp4_encode_fast,
     sr_bf16_code,
     sr_bits,
@@ -154,6 +156,18 @@ def store_read_fast(rd_c, rd_s1, rd_s2, S, mat, offs_p, mask_p, P, seed_ck, seed
 
 
 @triton.jit
+def store_rounded_fast(codes_ptr, s1_ptr, s2_ptr, Sr, mat, offs_p, mask_p, P,
+                       FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+                       EVICT: tl.constexpr = False):
+    """:func:`store_fast` of ``Sr``, the values ``tl_formats.stored_values`` gives for a
+    16-bit format ``FMT``, through the round-to-nearest encoder of its grid, which keeps a
+    value the grid holds: the codes :func:`store_fast` writes for the fresh rows, without
+    drawing the stochastic rounding again."""
+    store_fast(codes_ptr, s1_ptr, s2_ptr, Sr, mat, offs_p, mask_p, P, 0, 0, 0.0,
+               nearest_16bit(FMT), BLOCK_P, N, EVICT=EVICT)
+
+
+@triton.jit
 def store_split_fast(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, S, mat, offs_p, mask_p, P,
                      seed_ck, seed_rd, step, amax_mat, CK_FMT: tl.constexpr,
                      RD_FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
@@ -168,15 +182,10 @@ def store_split_fast(ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, S, mat, offs_p, mas
         Sr = S
         store_fast(ck_c, ck_s1, ck_s2, S, mat, offs_p, mask_p, P, seed_ck, step, amax_mat,
                    CK_FMT, BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)
-    elif ((CK_FMT == K_FP16) or (CK_FMT == K_FP16_SR) or (CK_FMT == K_BF16)
-          or (CK_FMT == K_BF16_SR)):
+    elif is_16bit(CK_FMT):
         Sr = stored_values(S, mat, offs_p, P, seed_ck, step, CK_FMT, BLOCK_P, N)
-        if (CK_FMT == K_FP16) or (CK_FMT == K_FP16_SR):
-            DENSE: tl.constexpr = K_FP16
-        else:
-            DENSE: tl.constexpr = K_BF16
-        store_fast(ck_c, ck_s1, ck_s2, Sr, mat, offs_p, mask_p, P, seed_ck, step, amax_mat,
-                   DENSE, BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)
+        store_rounded_fast(ck_c, ck_s1, ck_s2, Sr, mat, offs_p, mask_p, P, CK_FMT, BLOCK_P, N,
+                           EVICT)
     else:
         store_fast(ck_c, ck_s1, ck_s2, S, mat, offs_p, mask_p, P, seed_ck, step, amax_mat,
                    CK_FMT, BLOCK_P, N, HW_CVT, FAST_ENC, SELF_AMAX, EVICT)

@@ -46,6 +46,7 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_encode_launch.py", ["--setting", "", "--setting", "warps=3"], "warps 1, 2, 4"),
     ("time_encode_launch.py", ["--setting", "rows=24"], "multiple of 16"),
     ("time_encode_launch.py", ["--setting", "ctas=x"], "ctas must be an integer"),
+    ("time_encode_launch.py", ["--setting", "at=later"], "at must be one of launch, flush"),
     ("time_encode_launch.py", ["--design", "split-fp32-fp8"], "encoded in the flush"),
     ("time_encode_launch.py", ["--model", "no-such-model"], "unknown model"),
     ("probe_nvfp4_encode.py", [], "--out is required unless --check-only"),
@@ -95,6 +96,16 @@ def test_split_fields_parse_ints_and_flags() -> None:
                          "out_weights=program"])
     assert (cfg.maxnreg, cfg.tail_tile, cfg.evict_first, cfg.out_weights) == (
         96, True, False, "program")
+
+
+def test_encode_settings_parse_ints_and_where_the_copy_is_encoded() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from time_encode_launch import parse_setting
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert parse_setting("rows=32 at=flush") == {"rows": 32, "at": "flush"}
+    assert parse_setting("") == {}
 
 
 @pytest.mark.parametrize("model,v_heads", [("qwen3.5-4b", 32), ("qwen3.5-122b", 64)])

@@ -342,6 +342,7 @@ CONFIGS = [
     # ... nvfp4 copies in 16-row programs: each folds its rows into the checkpoint and
     # the matrix's scratch and posts its amax; the head's last to post encodes the copy
     (split("fp16-sr", "nvfp4", 3), dict(launch="fused", block_v=16, fast_encode=True)),
+    (split("bf16-sr", "nvfp4", 3), dict(launch="fused", block_v=16)),
     (shared("nvfp4", 3), dict(launch="fused", block_v=16)),
     # ... and in programs of the whole matrix (the earlier default)
     (split("fp16-sr", "nvfp4", 3), dict(launch="fused", block_v=32)),

@@ -194,7 +194,10 @@ CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DE
             if "nvfp4" in (d.checkpoint_format, d.read_format)]
          # a 16-bit checkpoint and an fp8 copy written by one flush: the checkpoint's
          # rounding drawn once for both copies
-         + [(split("bf16-sr", "fp8-e4m3", 3), torch.bfloat16, lc) for lc in ("split", "fused")])
+         + [(split("bf16-sr", "fp8-e4m3", 3), torch.bfloat16, lc) for lc in ("split", "fused")]
+         # a bf16 checkpoint beside an nvfp4 copy in row programs: its rounding drawn once
+         # for its store, the amax and the scratch the copy encodes
+         + [(split("bf16-sr", "nvfp4", 3), torch.bfloat16, "fused-rows")])
 
 
 @pytest.mark.parametrize("design,ring_dtype,launch", CASES,
@@ -914,7 +917,8 @@ def test_default_flush_grid_by_copy(ck: str, rd: str | None, grid: str) -> None:
         assert cfg.flush_grid == grid
 
 
-@pytest.mark.parametrize("ck,rd", [("fp32", "nvfp4"), ("fp32", "mxfp4"), ("fp16-sr", "nvfp4")])
+@pytest.mark.parametrize("ck,rd", [("fp32", "nvfp4"), ("fp32", "mxfp4"), ("fp16-sr", "nvfp4"),
+                                   ("bf16-sr", "nvfp4")])
 @pytest.mark.parametrize("conc", [False, True], ids=["sequential", "concurrent-order"])
 def test_read_encode_launch_changes_no_bit(ck: str, rd: str, conc: bool, monkeypatch) -> None:
     """A dense checkpoint's 4-bit read copy encoded by a launch of its own behind the
