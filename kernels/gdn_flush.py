@@ -165,7 +165,8 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     A 16-bit checkpoint beside an nvfp4 copy that the flush encodes: the checkpoint's
     rounding is drawn once per fold of a chunk, for the amax, and its values go on to the
     checkpoint's store and the copy (``ROUNDED`` in :func:`_write_rows`; with SCRATCH or
-    PARTS the scratch holds them)."""
+    PARTS the scratch holds them).  The default multi-chunk loop folds every chunk twice
+    and so draws it twice."""
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
