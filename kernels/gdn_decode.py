@@ -409,8 +409,9 @@ class GDNReplayCache:
       rows) unit; programs of rows that do not flush return after two scalar loads).
     * ``flush_pass``: ``"recompute"`` (a chunked nvfp4 flush folds every chunk twice,
       once for the matrix amax; the fused launch's default) or ``"scratch"`` (the
-      first pass keeps the fp32 rows in a global scratch, the second only encodes them;
-      the staged launch's default).
+      first pass keeps the fp32 rows in a global scratch (beside a 16-bit checkpoint, its
+      stored values, its rounding drawn once), the second only encodes them; the staged
+      launch's default).
     * ``concurrent_flush``: the staged step's flush launch on a second CUDA stream,
       forked and joined around the prep and output launches (default on a GPU; the
       launches touch disjoint rows).

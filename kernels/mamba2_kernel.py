@@ -17,7 +17,8 @@ program per (batch row, head, ``BLOCK_P``-row tile), so a step has ``NPB`` times
 more programs, each one tile deep; every load of its output path (the whole ring,
 masked afterwards) is issued before the clock's value is used, and a flush folds
 only the program's rows.  An nvfp4 copy's matrix amax needs every row: there each
-program also keeps its fresh fp32 rows in a scratch of the head's matrix and posts its
+program also keeps its fresh fp32 rows (beside a 16-bit checkpoint, the checkpoint's
+stored values, its rounding drawn once) in a scratch of the head's matrix and posts its
 amax (``tl_common.post_amax_part``), and the last of the head's programs to post
 encodes the nvfp4 copies of all rows from the scratch.
 

@@ -97,9 +97,10 @@ class SplitConfig:
     per head where ``flush_rows >= headdim``; "ref": the ``tl_formats`` encoders; the
     same bits either way; fast measured 2365 -> 2052 us per nvfp4 flush on an H200),
     ``flush_pass`` (nvfp4 folded in several chunks: "scratch", the default, folds each
-    chunk once and its fp32 rows wait in an L2-resident per-program scratch for the
-    nvfp4 encode; "recompute" folds every chunk twice, the matrix amax first; the same
-    bits; H200, nano-4b: 2059 -> 1615 us per nvfp4 flush), ``out_weights`` ("heads"
+    chunk once and its fp32 rows (beside a 16-bit checkpoint, its stored values) wait in
+    an L2-resident per-program scratch for the nvfp4 encode; "recompute" folds every
+    chunk twice, the matrix amax first; the same bits; H200, nano-4b: 2059 -> 1615 us
+    per nvfp4 flush), ``out_weights`` ("heads"
     output only: where each output row's per-head ring weights, ``B_i . C`` folded in,
     are computed: "launch", the default, in a small launch of their own (a program per
     B/C group and row, its heads as one tile) for the output programs to load;
