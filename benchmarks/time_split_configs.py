@@ -1,13 +1,16 @@
-"""Time Mamba-2 split launch configurations side by side: for each ``--config`` (a
-list of ``SplitConfig`` fields; empty = the defaults) one replay window of CUDA-graph
-steps with a cold L2, as ``bench_mamba2.py`` times them, reporting the mean output
-step, the flush and the window mean in microseconds.  The configurations run in one
-process, in the order given, so they share the device's state and clocks; give the
-defaults twice (first and last) to see the run's noise.
+"""Time launch configurations of a replay design side by side: for each ``--config``
+(Mamba-2: ``SplitConfig`` fields of the split launch; GDN: ``GDNReplayCache`` launch
+keywords; empty = the defaults) one replay window of CUDA-graph steps with a cold L2,
+as the benchmarks time them, reporting the mean output step, the flush and the window
+mean in microseconds.  The configurations run in one process, in the order given, so
+they share the device's state and clocks; give the defaults twice (first and last) to
+see the run's noise.
 
     python benchmarks/time_split_configs.py --model nemotron-3-nano-4b \\
         --design split-fp32-fp8 --config "" --config "maxnreg=96 out_weights=program" \\
         --out configs.json
+    python benchmarks/time_split_configs.py --model qwen3.5-4b \\
+        --design split-fp16sr-nvfp4 --config "" --config "num_warps=2 maxnreg=128"
 
 Exit 2 with one line on bad arguments (every configuration is checked as the step
 checks it before any GPU work) or without a GPU; the JSON is written whole or not at
@@ -32,16 +35,59 @@ from window_cli import (  # noqa: E402
     add_window_args,
     checked_preset,
     run_timed,
+    time_window,
     window_row,
 )
 
+from precisionlab.kernels.gdn_decode import GDNReplayCache  # noqa: E402
 from precisionlab.kernels.mamba2_step import SplitConfig  # noqa: E402
+
+GDN_FIXED = ("window", "checkpoint", "read", "ring_dtype", "drafts", "seed", "device",
+             "batch_hint", "keep_fresh")
+"""``GDNReplayCache`` keywords that the design and the timing fix (not ``--config``)."""
+
+
+def gdn_keywords() -> list[str]:
+    """The ``GDNReplayCache`` launch keywords a ``--config`` may set."""
+    import inspect
+
+    params = inspect.signature(GDNReplayCache.__init__).parameters.values()
+    return [q.name for q in params if q.kind == q.KEYWORD_ONLY and q.name not in GDN_FIXED]
+
+
+def gdn_fields(pairs: list[str]) -> dict:
+    """``GDNReplayCache`` keywords from ``key=value`` pairs (ints and true / false where
+    they parse)."""
+    keys = gdn_keywords()
+    fields = {}
+    for p in pairs:
+        key, sep, val = p.partition("=")
+        if not sep or key not in keys:
+            raise ValueError(f"want KEY=VALUE with a GDNReplayCache launch keyword, got {p!r}")
+        fields[key] = (int(val) if val.lstrip("-").isdigit() else
+                       {"true": True, "false": False}.get(val.lower(), val))
+    return fields
+
+
+def check_gdn(fields: dict, preset, ck: str, rd: str | None, batch: int, window: int) -> None:
+    """Raise ValueError where a GDN cache of this design would refuse ``fields`` (a
+    one-slot cache on the CPU with the batch's launch defaults)."""
+    GDNReplayCache(1, preset.groups, preset.heads, preset.state_dim, preset.head_dim,
+                   window=window, checkpoint=ck, read=rd, device="cpu", batch_hint=batch,
+                   **fields)
 
 
 def time_configs(model: str, design: str, configs: list[dict], batch: int, window: int,
                  rounds: int, log=print) -> list[dict]:
-    """Output-step mean, flush and window mean (us) of each split configuration."""
+    """Output-step mean, flush and window mean (us) of each configuration."""
+    from precisionlab.presets import get_preset
     from precisionlab.studies.bench_mamba2 import _Problem, _Runner
+
+    if get_preset(model).kind == "gdn":
+        ck, rd = DESIGNS[design]
+        return [window_row("config", fields,
+                           time_window("gdn", model, ck, rd, batch, window, rounds, fields),
+                           log) for fields in configs]
     from precisionlab.timing import ColdL2Timer
 
     device = torch.device("cuda")
@@ -57,20 +103,24 @@ def time_configs(model: str, design: str, configs: list[dict], batch: int, windo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="nemotron-3-nano-4b", help="a Mamba-2 preset")
+    ap.add_argument("--model", default="nemotron-3-nano-4b", help="a Mamba-2 or GDN preset")
     ap.add_argument("--design", choices=sorted(DESIGNS), default="split-fp32-fp8")
     ap.add_argument("--config", action="append", default=None, metavar='"F=V ..."',
-                    help="SplitConfig fields (repeat for each configuration; \"\" = the "
-                    "defaults)")
+                    help="SplitConfig fields (Mamba-2) or GDNReplayCache launch keywords "
+                    "(GDN); repeat for each configuration; \"\" = the defaults")
     add_window_args(ap)
     args = ap.parse_args(argv)
-    preset = checked_preset(ap, args, ("mamba2",))
+    preset = checked_preset(ap, args, ("mamba2", "gdn"))
     ck, rd = DESIGNS[args.design]
     configs = []
     for text in args.config or [""]:
         try:
-            fields = _split_fields(text.split())
-            _check_split(SplitConfig(**fields), preset, ck, rd)
+            if preset.kind == "gdn":
+                fields = gdn_fields(text.split())
+                check_gdn(fields, preset, ck, rd, args.batch, args.window)
+            else:
+                fields = _split_fields(text.split())
+                _check_split(SplitConfig(**fields), preset, ck, rd)
         except (ValueError, TypeError) as e:
             ap.error(f"--config {text!r}: {e}")
         configs.append(fields)

@@ -39,7 +39,13 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_split_configs.py", ["--config", "flush_tma=maybe"], "flush_tma must be true"),
     ("time_split_configs.py", ["--config", "flush_tma=true flush_rows=32"],
      "flush_tma needs a dense checkpoint"),
-    ("time_split_configs.py", ["--model", "qwen3.5-4b"], "is a gdn model"),
+    ("time_split_configs.py", ["--model", "qwen3.5-4b", "--config", "nosuch=1"],
+     "GDNReplayCache launch keyword"),
+    ("time_split_configs.py", ["--model", "qwen3.5-4b", "--config", "flush_grid=bogus"],
+     "flush_grid must be one of"),
+    ("time_split_configs.py", ["--model", "qwen3.5-4b", "--config", "window=4"],
+     "GDNReplayCache launch keyword"),
+    ("time_split_configs.py", ["--model", "no-such-model"], "unknown model"),
     ("time_split_configs.py", ["--window", "1"], "--window >= 2"),
     ("time_split_configs.py", ["--design", "fp64"], "invalid choice"),
     ("time_encode_launch.py", ["--setting", "rows"], "KEY=INT"),
@@ -62,6 +68,8 @@ def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: 
 @pytest.mark.parametrize("script,args", [
     ("bench_phases.py", []),
     ("time_split_configs.py", ["--config", "", "--config", "maxnreg=96 tail_tile=true"]),
+    ("time_split_configs.py", ["--model", "qwen3.5-4b", "--design", "split-fp16sr-nvfp4",
+                               "--config", "num_warps=2 maxnreg=128 flush_grid=dynamic"]),
     ("probe_nvfp4_encode.py", []),
     ("time_encode_launch.py", ["--model", "nemotron-3-nano-4b", "--setting", "rows=32"]),
 ])
