@@ -909,10 +909,11 @@ def test_fused_launch_warps_by_grid(batch, v_heads, ckpt, read, warps) -> None:
 @pytest.mark.parametrize("ckpt,read,v_heads,warps,tma,grid,encode", [
     ("fp32", None, 64, 1, True, "persistent", None),
     ("fp32", "fp8-e4m3", 64, 1, True, "dynamic", None),
-    ("fp16-sr", "nvfp4", 32, 1, True, "persistent", None),
-    ("fp16-sr", "nvfp4", 64, 1, True, "persistent", None),
+    ("fp16-sr", "nvfp4", 32, 1, True, "dynamic", None),
+    ("fp16-sr", "nvfp4", 64, 1, True, "dynamic", None),
+    ("fp16", "nvfp4", 32, 1, True, "persistent", None),
     ("nvfp4", None, 32, 4, False, "persistent", None),
-    ("bf16-sr", "mxfp4", 32, 1, True, "persistent", None),
+    ("bf16-sr", "mxfp4", 32, 1, True, "dynamic", None),
     ("bf16-sr", "mxfp4", 32, 4, True, "dynamic", "flush")])
 def test_staged_flush_programs_by_copy(ckpt, read, v_heads, warps, tma, grid, encode) -> None:
     """Large batches (256): one-warp flush programs with TMA chunk loads for a dense
@@ -920,7 +921,7 @@ def test_staged_flush_programs_by_copy(ckpt, read, v_heads, warps, tma, grid, en
     qwen3.5-122b's 64; a dense checkpoint's 4-bit copy is encoded by a launch of its
     own); an nvfp4 checkpoint keeps 4-warp programs with plain loads, an mxfp4 copy
     written by the flush 4-warp ones.  Programs claim their units from a counter where
-    the flush writes a read copy."""
+    the flush writes a read copy or a stochastically rounded 16-bit checkpoint."""
     c = GDNReplayCache(1, 16, v_heads, 128, 128, window=4, checkpoint=ckpt, read=read,
                        device=DEV, batch_hint=256, read_encode=encode)
     assert (c.launch, c.num_warps, c.flush_tma, c.flush_grid) == ("staged", warps, tma, grid)
