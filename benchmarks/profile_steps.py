@@ -42,14 +42,19 @@ def _split_fields(pairs: list[str]) -> dict:
     from precisionlab.kernels.mamba2_step import SplitConfig
 
     fields = {}
-    flags = {"true": True, "false": False}
     for p in pairs:
         key, sep, val = p.partition("=")
         if not sep or key not in SplitConfig.__dataclass_fields__:
             raise ValueError(f"want FIELD=VALUE with a SplitConfig field, got {p!r}")
-        fields[key] = (int(val) if val.lstrip("-").isdigit() else
-                       flags.get(val.lower(), val))
+        fields[key] = field_value(val)
     return fields
+
+
+def field_value(val: str) -> int | bool | str:
+    """A ``--split`` / ``--config`` value: an int or true / false where it parses, else
+    the text."""
+    return int(val) if val.lstrip("-").isdigit() else {"true": True, "false": False}.get(
+        val.lower(), val)
 
 
 def _split_config(pairs: list[str]):

@@ -30,7 +30,7 @@ for p in (ROOT, Path(__file__).resolve().parent):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from profile_steps import DESIGNS, _check_split, _split_fields  # noqa: E402
+from profile_steps import DESIGNS, _check_split, _split_fields, field_value  # noqa: E402
 from window_cli import (  # noqa: E402
     add_window_args,
     checked_preset,
@@ -64,8 +64,7 @@ def gdn_fields(pairs: list[str]) -> dict:
         key, sep, val = p.partition("=")
         if not sep or key not in keys:
             raise ValueError(f"want KEY=VALUE with a GDNReplayCache launch keyword, got {p!r}")
-        fields[key] = (int(val) if val.lstrip("-").isdigit() else
-                       {"true": True, "false": False}.get(val.lower(), val))
+        fields[key] = field_value(val)
     return fields
 
 

@@ -281,7 +281,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     # copy, or a stochastically rounded 16-bit checkpoint, whose units are slow (twenty-
     # fourth run, fp16-sr checkpoint, nvfp4 copy by the encode launch, us per step (flush
     # us), three alternating pairs: qwen3.5-4b 108.4-109.4 (779-807) -> 107.3-107.8
-    # (766-770), qwen3.5-122b 188.4-190.9 (1551-1573) -> 186.7 (1511-1512); an fp32
+    # (766-769), qwen3.5-122b 188.4-190.9 (1551-1573) -> 186.7 (1511-1512); an fp32
     # checkpoint alone lost: 173.2 / 174.5 (373 / 372) -> 174.7 (383))
     sr16 = checkpoint in ("fp16-sr", "bf16-sr")
     # flush programs (warps, registers, programs per SM, pipeline stages)

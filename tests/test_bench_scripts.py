@@ -106,6 +106,16 @@ def test_split_fields_parse_ints_and_flags() -> None:
         96, True, False, "program")
 
 
+def test_gdn_configs_parse_ints_flags_and_names() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from time_split_configs import gdn_fields
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert gdn_fields(["num_warps=2", "flush_tma=false", "flush_grid=dynamic"]) == {
+        "num_warps": 2, "flush_tma": False, "flush_grid": "dynamic"}
+
+
 def test_encode_settings_parse_ints_and_where_the_copy_is_encoded() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
