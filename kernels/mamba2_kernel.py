@@ -304,6 +304,10 @@ def mamba2_kernel(
             # head's amax: a whole-head program takes a first pass for it; row-split
             # programs post theirs and the head's last one encodes the copies
             PARTS: tl.constexpr = NPB if NEED_AMAX and ROW_SPLIT else 0
+            # (PARTS, a 16-bit checkpoint beside an nvfp4 copy: its rounding drawn once,
+            # for its store, the amax and the scratch the copy encodes)
+            RCK: tl.constexpr = ((PARTS > 0) and SPLIT and (RD_FMT == K_NVFP4)
+                                 and is_16bit(CK_FMT))
             r0 = q0 * BLOCK_P
             for hh in range(HPP * (1 - OUT_ONLY)):  # (the split flush launch did it)
                 h = h0 + hh
@@ -343,10 +347,6 @@ def mamba2_kernel(
                     # PARTS the nvfp4 copies wait for the head's amax
                     W_CK: tl.constexpr = (PARTS == 0) or (CK_FMT != K_NVFP4)
                     W_RD: tl.constexpr = SPLIT and ((PARTS == 0) or (RD_FMT != K_NVFP4))
-                    # (PARTS, a 16-bit checkpoint beside an nvfp4 copy: its rounding drawn
-                    # once, for its store, the amax and the scratch the copy encodes)
-                    RCK: tl.constexpr = ((PARTS > 0) and SPLIT and (RD_FMT == K_NVFP4)
-                                         and is_16bit(CK_FMT))
                     Sr = Sn
                     if RCK:
                         Sr = stored_values(Sn, mat, rows, P, seed_ck, t, CK_FMT, FB, N)
@@ -377,8 +377,7 @@ def mamba2_kernel(
                     _encode_posted(sync_ptr + (b * H + h) * 2, amax,
                                    scr_ptr + (b * H + h) * P * N, ck_c, ck_s1, ck_s2, rd_c,
                                    rd_s1, rd_s2, mat, P, seed_ck, seed_rd, t, CK_FMT,
-                                   RD_FMT, SPLIT, FB, N, PARTS, NQH, HW_CVT,
-                                   SPLIT and (RD_FMT == K_NVFP4) and is_16bit(CK_FMT))
+                                   RD_FMT, SPLIT, FB, N, PARTS, NQH, HW_CVT, RCK)
         else:
             # ---- output: y = exp(L) S_read C + sum_i w_i (B_i.C) x_i + D x --------
             BC = tl.sum(eB * C_t[None, :], axis=1)
