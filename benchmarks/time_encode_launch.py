@@ -7,7 +7,8 @@ in the order given; give the defaults twice (first and last) to see the run's no
 ``at=flush`` times the flush encoding the copy itself instead (``read_encode="flush"``).
 
     python benchmarks/time_encode_launch.py --model qwen3.5-4b \\
-        --setting "" --setting "rows=128 warps=8" --setting "at=flush" --out encode.json
+        --setting "" --setting "rows=128 warps=8" --setting "regs=64 ctas=8" \\
+        --setting "amax_bits=0" --setting "at=flush" --out encode.json
 
 Exit 2 with one line on bad arguments or without a GPU; the JSON is written whole or
 not at all.
@@ -37,7 +38,8 @@ from precisionlab.kernels import read_encode  # noqa: E402
 from precisionlab.kernels.read_encode import encodes_apart  # noqa: E402
 from precisionlab.presets import get_preset  # noqa: E402
 
-SETTINGS = {"rows": "ENCODE_ROWS", "warps": "ENCODE_WARPS", "ctas": "ENCODE_CTAS_PER_SM"}
+SETTINGS = {"rows": "ENCODE_ROWS", "warps": "ENCODE_WARPS", "ctas": "ENCODE_CTAS_PER_SM",
+            "regs": "ENCODE_MAXNREG", "amax_bits": "ENCODE_AMAX_BITS"}
 """``--setting`` keys and the ``read_encode`` module settings they set."""
 AT = ("launch", "flush")
 """Values of the ``at`` key: where the copy is encoded (the design's ``read_encode``)."""
@@ -61,9 +63,11 @@ def parse_setting(text: str) -> dict[str, int | str]:
         except ValueError:
             raise ValueError(f"{key} must be an integer, got {value!r}") from None
     if out.get("rows", 0) < 0 or out.get("rows", 16) % 16 or out.get("warps", 1) not in (
-            1, 2, 4, 8, 16) or out.get("ctas", 1) < 1:
+            1, 2, 4, 8, 16) or out.get("ctas", 1) < 1 or not (
+            out.get("regs", 0) == 0 or 24 <= out.get("regs", 0) <= 255) or out.get(
+            "amax_bits", 0) not in (0, 1):
         raise ValueError("rows must be 0 or a multiple of 16, warps 1, 2, 4, 8 or 16, "
-                         "ctas >= 1")
+                         "ctas >= 1, regs 0 or 24-255, amax_bits 0 or 1")
     return out
 
 

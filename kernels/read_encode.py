@@ -12,12 +12,25 @@ this launch runs whole-matrix programs of 4 warps, 8 per SM.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from .state import DENSE_FORMATS, StateStore
 from .tl_common import at_flushing_row, batch_slots, flushing_rows
-from .tl_formats import K_NVFP4, load_state, matrix_amax, store_state_with
+from .tl_formats import (
+    FMT_BF16,
+    FMT_BF16_SR,
+    FMT_FP32,
+    K_BF16,
+    K_BF16_SR,
+    K_FP32,
+    K_NVFP4,
+    load_state,
+    matrix_amax,
+    store_state_with,
+    tile_offsets,
+)
 
 ENCODE_CTAS_PER_SM = 8
 """Programs per SM of the persistent encode launch."""
@@ -32,6 +45,12 @@ us per step; larger tiles took as long or longer (qwen3.5-4b's 128 x 128 fp16 10
 192.6 / 201.6 against 191.7), as did fp32 matrices of 128 rows."""
 ENCODE_WARPS = 4
 """Warps per program of the encode launch."""
+ENCODE_MAXNREG = 0
+"""Register cap per thread of the encode launch (0: the compiler's choice)."""
+ENCODE_AMAX_BITS = True
+"""nvfp4 copies of matrices encoded in chunks: the amax pass takes the largest magnitude
+from the checkpoint's stored bits (:func:`amax_bits_pass`) instead of from decoded
+values (the same amax)."""
 
 
 def encode_rows(rows: int, cols: int, code_bytes: int) -> int:
@@ -54,15 +73,65 @@ def encodes_apart(checkpoint: str, read: str | None) -> bool:
 
 
 @triton.jit
-def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, f_data, f_s1, f_s2, B,
-                              PCLK, L, H: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
-                              FB: tl.constexpr, BP: tl.constexpr, C_FMT: tl.constexpr,
-                              F_FMT: tl.constexpr):
+def amax_bits_pass(c_words, mat, P: tl.constexpr, N: tl.constexpr, FB: tl.constexpr,
+                   NCH: tl.constexpr, C_FMT: tl.constexpr):
+    """Largest magnitude's bits (int32 scalar: 16-bit formats in the low half) over a
+    dense matrix of the checkpoint, read as int32 words (two 16-bit codes or one fp32
+    each) in chunks of FB rows.  Magnitude bits order like the magnitudes, so the
+    maximum is integer: one mask and one max per word, both halves of a 16-bit word
+    kept apart by a second mask.  A non-finite code gives bits at or above
+    :func:`inf_bits`; the caller then takes the decoded values instead."""
+    W: tl.constexpr = N if C_FMT == K_FP32 else N // 2
+    hi = tl.zeros((FB, W), tl.int32)
+    lo = tl.zeros((FB, W), tl.int32)
+    for c in tl.range(0, NCH):
+        offs_p = c * FB + tl.arange(0, FB)
+        w = tl.load(c_words + mat * P * W + tile_offsets(offs_p, W), mask=(offs_p < P)[:, None],
+                    other=0)
+        if C_FMT == K_FP32:
+            hi = tl.maximum(hi, w & 0x7FFFFFFF)
+        else:
+            a = w & 0x7FFF7FFF
+            hi = tl.maximum(hi, a)
+            lo = tl.maximum(lo, a & 0x7FFF)
+    m = tl.max(tl.max(hi, axis=1), axis=0)
+    if C_FMT != K_FP32:
+        m = tl.maximum(m >> 16, tl.max(tl.max(lo, axis=1), axis=0))
+    return m
+
+
+@triton.constexpr_function
+def inf_bits(fmt) -> int:
+    """Magnitude bits of +inf in dense format code ``fmt`` (NaNs lie above)."""
+    if fmt == FMT_FP32:
+        return 0x7F800000
+    return 0x7F80 if fmt in (FMT_BF16, FMT_BF16_SR) else 0x7C00
+
+
+@triton.jit
+def value_of_bits(m, C_FMT: tl.constexpr):
+    """float32 value of the non-negative magnitude bits ``m`` (int32 scalar)."""
+    if C_FMT == K_FP32:
+        v = m.to(tl.float32, bitcast=True)
+    elif (C_FMT == K_BF16) or (C_FMT == K_BF16_SR):
+        v = (m << 16).to(tl.float32, bitcast=True)
+    else:
+        v = m.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return v
+
+
+@triton.jit
+def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, c_words, f_data, f_s1,
+                              f_s2, B, PCLK, L, H: tl.constexpr, P: tl.constexpr,
+                              N: tl.constexpr, FB: tl.constexpr, BP: tl.constexpr,
+                              C_FMT: tl.constexpr, F_FMT: tl.constexpr,
+                              AMAX_BITS: tl.constexpr):
     """Persistent: every program reads the clocks of all B rows (a row flushed this step
     where ``tickets // PCLK`` is at ring position L - 1; the clocks advance only after
     the flush) and takes every G-th (flushed row, head) matrix of P x N, so a step that
     flushes nothing costs one vector load per program.  nvfp4: a pass for the matrix
-    amax, then one that encodes."""
+    amax (from the stored bits where ``AMAX_BITS``, :func:`amax_bits_pass`), then one
+    that encodes."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     _, _, live, sl0 = batch_slots(state_idx, B, BP)
@@ -82,10 +151,17 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, f_data, f_
             store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0, amax,
                              F_FMT, FB, N, True)
         elif F_FMT == K_NVFP4:
-            for c in tl.range(0, NCH):
-                offs_p = c * FB + tl.arange(0, FB)
-                S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
-                amax = tl.maximum(amax, matrix_amax(S))
+            m = inf_bits(C_FMT)
+            if AMAX_BITS:
+                m = amax_bits_pass(c_words, mat, P, N, FB, NCH, C_FMT)
+                amax = value_of_bits(m, C_FMT)
+            if m >= inf_bits(C_FMT):  # decoded values: a non-finite code is skipped
+                amax = 0.0
+                for c in tl.range(0, NCH):
+                    offs_p = c * FB + tl.arange(0, FB)
+                    S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB,
+                                   N)
+                    amax = tl.maximum(amax, matrix_amax(S))
         if NCH > 1:
             for c in tl.range(0, NCH):
                 offs_p = c * FB + tl.arange(0, FB)
@@ -103,7 +179,10 @@ def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indice
     B = state_indices.shape[0]
     fb = encode_rows(P, N, ckpt.codes.element_size())
     grid = (max(1, min(B * H, n_sm * ENCODE_CTAS_PER_SM)),)
+    codes = ckpt.codes
+    words = codes.view(torch.int32) if codes.shape[-1] % 2 == 0 else codes
     return encode_read_copies_kernel[grid](
-        tickets, state_indices, *ckpt.kernel_args(), *read.kernel_args(), B,
+        tickets, state_indices, *ckpt.kernel_args(), words, *read.kernel_args(), B,
         programs_per_slot, window, H, P, N, fb, max(16, triton.next_power_of_2(B)),
-        ckpt.fmt_id, read.fmt_id, num_warps=ENCODE_WARPS)
+        ckpt.fmt_id, read.fmt_id, bool(ENCODE_AMAX_BITS) and words is not codes,
+        num_warps=ENCODE_WARPS, maxnreg=ENCODE_MAXNREG or None)

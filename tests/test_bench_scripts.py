@@ -53,6 +53,8 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_encode_launch.py", ["--setting", "rows=24"], "multiple of 16"),
     ("time_encode_launch.py", ["--setting", "ctas=x"], "ctas must be an integer"),
     ("time_encode_launch.py", ["--setting", "at=later"], "at must be one of launch, flush"),
+    ("time_encode_launch.py", ["--setting", "regs=8"], "regs 0 or 24-255"),
+    ("time_encode_launch.py", ["--setting", "amax_bits=2"], "amax_bits 0 or 1"),
     ("time_encode_launch.py", ["--design", "split-fp32-fp8"], "encoded in the flush"),
     ("time_encode_launch.py", ["--model", "no-such-model"], "unknown model"),
     ("probe_nvfp4_encode.py", [], "--out is required unless --check-only"),
@@ -123,6 +125,7 @@ def test_encode_settings_parse_ints_and_where_the_copy_is_encoded() -> None:
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     assert parse_setting("rows=32 at=flush") == {"rows": 32, "at": "flush"}
+    assert parse_setting("regs=64 amax_bits=0") == {"regs": 64, "amax_bits": 0}
     assert parse_setting("") == {}
 
 
