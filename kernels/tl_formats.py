@@ -600,18 +600,22 @@ def fp8_encode_hw(S):
 
 @triton.jit
 def e2m1_code_fast(y):
-    """:func:`e2m1_code` ``(y, False)`` (same codes for every non-NaN ``y``) by one
-    magic-number add: ``C = 2**(22 + e)`` with ``e = clamp(exponent(|y|), 0, 3)`` has the
-    E2M1 ulp of ``|y|`` as its own ulp (0.5 below 2, then 1, 2), so the integer
-    ``bits(|y| + C) - bits(C)`` is ``|y|`` rounded to that ulp (RNE) and adding ``2 e``
-    makes it the code; saturated at 7 (6.0); sign where ``y < 0``."""
+    """:func:`e2m1_code` ``(y, False)`` (same codes for every non-NaN ``y``) mostly on the
+    FMA pipe.  The E2M1 magnitude code of ``a = |y|`` is the least of ``RNE(2a)`` (the
+    0.5 grid below 2), ``RNE(a) + 2`` (the 1 grid of [2, 4)), ``RNE(a / 2) + 4`` (the 2
+    grid from 4) and 7 (saturation at 6.0): each line is the right one on its own range
+    and above the others elsewhere, and rounding keeps that order.  Each line is one
+    rounded float operation onto [2**23, 2**24), whose integers are spaced by one, so
+    its bits are ``2**23``'s plus the line (ties to even alike) and the least of the
+    bits is the least line.  The sign is that of ``y + 0`` (set where ``y < 0``), moved
+    from bit 31 to bit 3 by the high word of a product, also on the FMA pipe."""
     a = tl.abs(y)
-    eb = tl.minimum(tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000),
-                    0x41000000)
-    big = eb + 0x0B000000
-    r = (a + big.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
-    mag = tl.minimum(r - big + ((eb >> 22) - 254), 7)
-    return mag | ((y < 0).to(tl.int32) << 3)
+    b1 = tl.fma(a, 2.0, 8388608.0).to(tl.int32, bitcast=True)  # 2**23 + RNE(2a)
+    b2 = (a + 8388610.0).to(tl.int32, bitcast=True)  # 2**23 + 2 + RNE(a)
+    b3 = tl.fma(a, 0.5, 8388612.0).to(tl.int32, bitcast=True)  # 2**23 + 4 + RNE(a/2)
+    mag = tl.minimum(tl.minimum(tl.minimum(b1, b2), b3), 0x4B000007)
+    sign = tl.umulhi((y + 0.0).to(tl.uint32, bitcast=True), 16).to(tl.int32, bitcast=True) & 8
+    return (mag & 7) | sign
 
 
 @triton.jit
