@@ -180,15 +180,12 @@ def fp16_bits_to_f32(bits):
 
 @triton.jit
 def lowbias32(x):
-    """Wellons' lowbias32 hash on uint32 tensors.  Its right shifts are the high words
-    of products by 2**16 and 2**17 (``x >> 16``, ``x >> 15``): the same bits, computed
-    on the FMA pipe beside the multiplies instead of on the ALU pipe, which the xors
-    and a stochastic rounding's other integer work keep busy."""
-    x = x ^ tl.umulhi(x, 65536)
+    """Wellons' lowbias32 hash on uint32 tensors."""
+    x = x ^ (x >> 16)
     x = x * 0x7FEB352D
-    x = x ^ tl.umulhi(x, 131072)
+    x = x ^ (x >> 15)
     x = x * 0x846CA68B
-    x = x ^ tl.umulhi(x, 65536)
+    x = x ^ (x >> 16)
     return x
 
 
