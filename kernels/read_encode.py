@@ -28,8 +28,6 @@ from .tl_formats import (
     K_NVFP4,
     load_state,
     matrix_amax,
-    nvfp4_encode_fast,
-    store_codes,
     store_state_with,
     tile_offsets,
 )
@@ -148,13 +146,10 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, c_words, f
         if NCH == 1:  # the whole matrix in one tile: one read
             offs_p = tl.arange(0, FB)
             S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
-            if F_FMT == K_NVFP4:  # the matrix amax from the encoder's block maxima
-                codes, s1, s2 = nvfp4_encode_fast(S, 0.0, True, FB, N)
-                store_codes(f_data, f_s1, f_s2, codes, s1, s2, mat, offs_p, offs_p < P, P,
-                            F_FMT, FB, N)
-            else:
-                store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0,
-                                 0.0, F_FMT, FB, N, True)
+            if F_FMT == K_NVFP4:
+                amax = matrix_amax(S)
+            store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0, amax,
+                             F_FMT, FB, N, True)
         elif F_FMT == K_NVFP4:
             m = inf_bits(C_FMT)
             if AMAX_BITS:
