@@ -90,3 +90,15 @@ def test_amax_bits_pass_reads_both_halves_of_a_word() -> None:
                 checkpoint, copy, torch.tensor([L - 1], dtype=torch.int32, device=DEV),
                 torch.zeros(1, dtype=torch.int32, device=DEV), L, 1, 1)
         assert copy.s2.item() == pytest.approx(3.0 / 2688.0, rel=1e-7), col
+
+
+def test_encode_programs_keep_32_elements_per_thread(monkeypatch) -> None:
+    """4-warp programs, 8 per SM, for tiles of 32 or more rows of 128 columns; 2-warp
+    ones, 16 per SM, for 16-row chunks (nemotron-3-nano-4b's 80-row matrices); the
+    module settings override either."""
+    assert read_encode.encode_programs(32, 128) == (4, 8)  # qwen3.5: 32-row chunks
+    assert read_encode.encode_programs(64, 128) == (4, 8)  # super-120b: one tile
+    assert read_encode.encode_programs(read_encode.encode_rows(80, 128, 2), 128) == (2, 16)
+    monkeypatch.setattr(read_encode, "ENCODE_WARPS", 4)
+    monkeypatch.setattr(read_encode, "ENCODE_CTAS_PER_SM", 8)
+    assert read_encode.encode_programs(16, 128) == (4, 8)
