@@ -27,6 +27,8 @@ from .tl_formats import (
     K_BF16_SR,
     K_FP32,
     K_NVFP4,
+    bf16_bits_to_f32,
+    fp16_bits_to_f32,
     load_state,
     matrix_amax,
     store_state_with,
@@ -126,9 +128,9 @@ def value_of_bits(m, C_FMT: tl.constexpr):
     if C_FMT == K_FP32:
         v = m.to(tl.float32, bitcast=True)
     elif (C_FMT == K_BF16) or (C_FMT == K_BF16_SR):
-        v = (m << 16).to(tl.float32, bitcast=True)
+        v = bf16_bits_to_f32(m.to(tl.int16))
     else:
-        v = m.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        v = fp16_bits_to_f32(m.to(tl.int16))
     return v
 
 
@@ -193,9 +195,10 @@ def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indice
     warps, ctas = encode_programs(fb, N)
     grid = (max(1, min(B * H, n_sm * ctas)),)
     codes = ckpt.codes
-    words = codes.view(torch.int32) if codes.shape[-1] % 2 == 0 else codes
+    whole_words = codes.shape[-1] % 2 == 0  # rows of whole int32 words
+    words = codes.view(torch.int32) if whole_words else codes
     return encode_read_copies_kernel[grid](
         tickets, state_indices, *ckpt.kernel_args(), words, *read.kernel_args(), B,
         programs_per_slot, window, H, P, N, fb, max(16, triton.next_power_of_2(B)),
-        ckpt.fmt_id, read.fmt_id, bool(ENCODE_AMAX_BITS) and words is not codes,
+        ckpt.fmt_id, read.fmt_id, bool(ENCODE_AMAX_BITS) and whole_words,
         num_warps=warps, maxnreg=ENCODE_MAXNREG or None)
