@@ -573,11 +573,12 @@ def _prefetch_out(rd_c, rd_s1, ring_x, mat, h, slot, c, P, HP, LR, offs_r, RD_FM
 @triton.jit
 def _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
                 RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-                HAS_Z: tl.constexpr):
+                HAS_Z: tl.constexpr, WORDS: tl.constexpr):
     """The loads of output rows ``rows`` (``BT`` of them) of head ``h``: the stored codes
-    and scales, the ring's x rows, this step's x and gate rows."""
+    (4-bit ones as int32 words with WORDS) and scales, the ring's x rows, this step's x
+    and gate rows."""
     m = rows < P
-    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N)
+    codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N, WORDS)
     rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                    mr[:, None] & m[None, :], RING)
     xf = tl.load(x_b + h * P + rows, mask=m, other=0.0).to(tl.float32)
@@ -605,11 +606,11 @@ def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, 
 @triton.jit
 def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
                 C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BT: tl.constexpr,
-                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
+                N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, WORDS: tl.constexpr):
     """Output rows ``rows`` (``BT`` of them) of head ``h`` (:func:`m2_out_heads_kernel`):
     their loads, then :func:`_heads_finish`."""
     loaded = _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
-                         RD_FMT, BT, N, RING, HAS_Z)
+                         RD_FMT, BT, N, RING, HAS_Z, WORDS)
     _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
                   RD_FMT, BT, N, RING, HAS_Z)
 
@@ -625,6 +626,7 @@ def m2_out_heads_kernel(
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
+    WORDS: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -635,7 +637,9 @@ def m2_out_heads_kernel(
     ``TAIL``: rows of a last, smaller tile after ``NPB`` full ones (a headdim of 80 as
     two 32-row tiles and a 16-row one instead of three 32-row tiles, a sixth of them
     masked rows; ``SplitConfig.tail_tile``).  ``CONC`` (the flush launch on a second
-    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`."""
+    stream): the clocks are left to :func:`clocks.advance_clocks_kernel`.  ``WORDS``
+    (4-bit copies): the codes load as int32 words and each nibble pair becomes fp16 bits
+    by two shifts and two masks (:func:`tl_mamba2_fast.row_dot`)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -707,15 +711,15 @@ def m2_out_heads_kernel(
             if LOADS_FIRST:  # every tile's loads before the first store (<= 2 and a tail)
                 r0 = tl.arange(0, BLOCK_P)
                 a0 = _heads_load(r0, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr, rx_b,
-                                 x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
+                                 x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
                 if NPB > 1:
                     r1 = BLOCK_P + tl.arange(0, BLOCK_P)
                     a1 = _heads_load(r1, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                     rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
+                                     rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
                 if TAIL > 0:
                     rt = NPB * BLOCK_P + tl.arange(0, TAIL)
                     at = _heads_load(rt, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                     rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z)
+                                     rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
                 _heads_finish(r0, a0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
                               RD_FMT, BLOCK_P, N, RING, HAS_Z)
                 if NPB > 1:
@@ -728,11 +732,11 @@ def m2_out_heads_kernel(
                 for q in tl.static_range(NPB):
                     _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2,
                                 mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
+                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
                 if TAIL > 0:
                     _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2,
                                 mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z)
+                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
             tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)

@@ -112,6 +112,26 @@ def _halves(x):
 
 
 @triton.jit
+def e2m1_word_halves(words):
+    """The eight E2M1 nibbles of int32 ``words`` (nibble j: bits 4j..4j+3) as the int16
+    bits of fp16 values ``2**-14`` times theirs: ``sign << 15 | magnitude << 9`` (an
+    E2M1 magnitude's exponent and mantissa bits are fp16's lowest exponent and highest
+    mantissa bits; code 1, 0.5, is fp16's subnormal 2**-15).  Nibbles j and j + 4 are 16
+    bits apart, so two shifts and two masks of the word give both halves of one pair."""
+    MAG: tl.constexpr = 0x0E000E00
+    SGN: tl.constexpr = -2147450880  # 0x80008000
+    e04 = ((words << 9) & MAG) | ((words << 12) & SGN)
+    e15 = ((words << 5) & MAG) | ((words << 8) & SGN)
+    e26 = ((words << 1) & MAG) | ((words << 4) & SGN)
+    e37 = ((words >> 3) & MAG) | (words & SGN)
+    e0, e4 = _halves(e04)
+    e1, e5 = _halves(e15)
+    e2, e6 = _halves(e26)
+    e3, e7 = _halves(e37)
+    return e0, e1, e2, e3, e4, e5, e6, e7
+
+
+@triton.jit
 def nvfp4_word_dot(words, sc, KQ, BV: tl.constexpr, K: tl.constexpr):
     """``X @ KQ / 2**14`` (float32) of a (BV, K) nvfp4 tile loaded as int32 words
     (``gdn_extra.load_tile(..., WORDS=True)``; E4M3 block scales ``sc`` per 16 elements,
@@ -124,16 +144,7 @@ def nvfp4_word_dot(words, sc, KQ, BV: tl.constexpr, K: tl.constexpr):
     masks of the word give both halves of one fp16 pair.  Times its block scale the
     value stays exact in fp16 (a multiple of 2**-24 with at most 8 significant bits,
     below 0.17), so the product is the exact product scaled by 2**-14."""
-    MAG: tl.constexpr = 0x0E000E00
-    SGN: tl.constexpr = -2147450880  # 0x80008000
-    e04 = ((words << 9) & MAG) | ((words << 12) & SGN)
-    e15 = ((words << 5) & MAG) | ((words << 8) & SGN)
-    e26 = ((words << 1) & MAG) | ((words << 4) & SGN)
-    e37 = ((words >> 3) & MAG) | (words & SGN)
-    e0, e4 = _halves(e04)
-    e1, e5 = _halves(e15)
-    e2, e6 = _halves(e26)
-    e3, e7 = _halves(e37)
+    e0, e1, e2, e3, e4, e5, e6, e7 = e2m1_word_halves(words)
     firsts = tl.join(tl.join(e0, e2), tl.join(e1, e3))
     seconds = tl.join(tl.join(e4, e6), tl.join(e5, e7))
     x = tl.reshape(tl.join(firsts, seconds), (BV, K)).to(tl.float16, bitcast=True)

@@ -675,17 +675,24 @@ def nvfp4_encode_fast(S, amax_mat, SELF_AMAX: tl.constexpr, BLOCK_P: tl.constexp
 
 @triton.jit
 def load_codes(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
-               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr):
+               FMT: tl.constexpr, BLOCK_P: tl.constexpr, N: tl.constexpr,
+               WORDS: tl.constexpr = False):
     """Load the stored pieces of rows ``offs_p`` of state matrix ``mat`` (int64 scalar).
 
-    Addresses are a scalar int64 base per matrix plus int32 tile offsets."""
+    Addresses are a scalar int64 base per matrix plus int32 tile offsets.  WORDS: 4-bit
+    codes as ``(BLOCK_P, N // 8)`` int32 words (eight nibbles each, element ``8 m + j``
+    in bits ``4 j .. 4 j + 3`` of word m) instead of ``(BLOCK_P, N // 2)`` bytes."""
     s1 = 0.0
     s2 = 0.0
     rows = mat * P  # first global row of the matrix, int64 scalar
     m2 = mask_p[:, None]
     if (FMT == K_NVFP4) or (FMT == K_MXFP4):
-        codes = tl.load(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2), mask=m2,
-                        other=0)
+        if WORDS:
+            codes = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rows * (N // 8)
+                            + tile_offsets(offs_p, N // 8), mask=m2, other=0)
+        else:
+            codes = tl.load(codes_ptr + rows * (N // 2) + tile_offsets(offs_p, N // 2),
+                            mask=m2, other=0)
         if FMT == K_NVFP4:
             s1 = tl.load(s1_ptr + rows * (N // 16) + tile_offsets(offs_p, N // 16), mask=m2,
                          other=0)

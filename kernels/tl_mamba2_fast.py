@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tl_dots import tf32_hi
+from .tl_dots import NVFP4_WORD_SCALE, e2m1_word_halves, tf32_hi
 from .tl_formats import (
     K_BF16,
     K_BF16_SR,
@@ -54,12 +54,35 @@ row sum the other 2**63 (products stay normal for any realistic ``c``)."""
 
 
 @triton.jit
+def _f32(half_bits):
+    """int16 fp16 bits as float32."""
+    return half_bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def word_dot(words, c, BLOCK_P: tl.constexpr, N: tl.constexpr, BS: tl.constexpr):
+    """``(BLOCK_P, N // BS)`` block sums of ``S c`` (float32; E2M1 values, block scales
+    apart) of ``(BLOCK_P, N // 8)`` int32 words of nibbles, element ``8 m + j`` in nibble
+    ``j`` of word ``m``.  Each nibble pair's fp16 bits come from
+    :func:`tl_dots.e2m1_word_halves` (two shifts and two masks), are widened to float32
+    (values times 2**-14, exact) and put back in element order (joins only rename
+    registers), then multiplied by ``c * 2**14``."""
+    e0, e1, e2, e3, e4, e5, e6, e7 = e2m1_word_halves(words)
+    even = tl.join(tl.join(_f32(e0), _f32(e4)), tl.join(_f32(e2), _f32(e6)))  # 0, 2, 4, 6
+    odd = tl.join(tl.join(_f32(e1), _f32(e5)), tl.join(_f32(e3), _f32(e7)))
+    x = tl.reshape(tl.join(even, odd), (BLOCK_P, N))
+    acc = x * (c * NVFP4_WORD_SCALE)[None, :]
+    return tl.sum(tl.reshape(acc, [BLOCK_P, N // BS, BS]), axis=2)
+
+
+@triton.jit
 def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.constexpr,
             N: tl.constexpr):
     """``(BLOCK_P,)`` row sums ``S c`` of a tile as ``tl_formats.load_codes`` loads it.
 
     ``c``: the (N,) float32 vector; ``c_even`` / ``c_odd``: its even / odd elements
-    times 2**63 (4-bit formats only; any float for the others)."""
+    times 2**63 (4-bit formats as bytes only; any float for the others).  4-bit codes
+    loaded as int32 words go through :func:`word_dot`."""
     if FMT == K_FP32:
         y = tl.sum(codes * c[None, :], axis=1)
     elif (FMT == K_BF16) or (FMT == K_BF16_SR):
@@ -71,19 +94,20 @@ def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.cons
     else:
         if FMT == K_NVFP4:
             BS: tl.constexpr = 16
-        else:
-            BS: tl.constexpr = 32
-        b = codes.to(tl.int32)
-        x_lo = (((b << 28) & -2147483648) | ((b & 7) << 22)).to(tl.float32, bitcast=True)
-        x_hi = (((b << 24) & -2147483648) | ((b << 18) & 0x01C00000)).to(tl.float32,
-                                                                          bitcast=True)
-        acc = x_lo * c_even[None, :] + x_hi * c_odd[None, :]
-        part = tl.sum(tl.reshape(acc, [BLOCK_P, N // BS, BS // 2]), axis=2)
-        if FMT == K_NVFP4:
             scale = e4m3_value_hw(s1) * s2
         else:
+            BS: tl.constexpr = 32
             scale = e8m0_value(s1.to(tl.int32))
-        y = tl.sum(part * scale, axis=1) * TWO63
+        if codes.dtype == tl.int32:  # words (load_codes(..., WORDS=True))
+            y = tl.sum(word_dot(codes, c, BLOCK_P, N, BS) * scale, axis=1)
+        else:
+            b = codes.to(tl.int32)
+            x_lo = (((b << 28) & -2147483648) | ((b & 7) << 22)).to(tl.float32, bitcast=True)
+            x_hi = (((b << 24) & -2147483648) | ((b << 18) & 0x01C00000)).to(tl.float32,
+                                                                              bitcast=True)
+            acc = x_lo * c_even[None, :] + x_hi * c_odd[None, :]
+            part = tl.sum(tl.reshape(acc, [BLOCK_P, N // BS, BS // 2]), axis=2)
+            y = tl.sum(part * scale, axis=1) * TWO63
     return y
 
 

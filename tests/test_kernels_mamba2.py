@@ -183,9 +183,18 @@ FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
             "split-recompute": SplitConfig(flush_pass="recompute"),
             "split-recompute-refenc": SplitConfig(flush_pass="recompute",
                                                   flush_encoder="ref")}
+# "heads" output programs that load a 4-bit copy's codes as int32 words (the default)
+# or as bytes
+WORD_CFG = {"split-words": SplitConfig(out_words=True),
+            "split-bytes": SplitConfig(out_words=False),
+            "split-words-loads-first": SplitConfig(out_words=True, out_loads_first=True,
+                                                   block_p=16, tail_tile=True)}
+SPLIT_CFG = {**FAST_ENC, **WORD_CFG}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
             if "nvfp4" in (d.checkpoint_format, d.read_format)]
+         + [(d, r, v) for v in WORD_CFG for d, r in DESIGNS_SPLIT
+            if (d.read_format or d.checkpoint_format) in ("nvfp4", "mxfp4")]
          # the one-launch kernel with a program per (head, 16-row tile): small batches
          # (nvfp4: the last of a head's programs to post its amax encodes the copy);
          # a flush chunk larger than the program's rows is cut to them
@@ -213,11 +222,11 @@ def test_design_runner_matches_torch(design, ring_dtype, launch) -> None:
     ref = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     mirror = TorchDesignRunner(design, kind, params, batch, DEV, ring_dtype, seed, S0)
     ours = TritonMamba2Design(design, kind, params, batch, DEV, ring_dtype, seed, S0,
-                              launch="split" if launch in FAST_ENC else launch.split("-")[0],
+                              launch="split" if launch in SPLIT_CFG else launch.split("-")[0],
                               rows_per_program=16 if "rows" in launch else 0)
     cache = ours.cache
-    if launch in FAST_ENC:
-        cache.split_config = FAST_ENC[launch]
+    if launch in SPLIT_CFG:
+        cache.split_config = SPLIT_CFG[launch]
     if launch == "fused-rows-fb32":
         cache.split_config = SplitConfig(flush_rows=32)
     lossless = design.read_format == design.checkpoint_format == "fp32"
@@ -991,6 +1000,21 @@ def test_flush_tma_rejects_what_it_cannot_load(ck, headdim) -> None:
                                  split_config=SplitConfig(flush_tma=True))
     x = torch.zeros(1, H, headdim, device=DEV)
     with pytest.raises(ValueError, match="flush_tma needs a dense checkpoint"):
+        mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
+                    torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
+
+
+@pytest.mark.parametrize("read,cfg", [("fp8-e4m3", SplitConfig(out_words=True)),
+                                      ("nvfp4", SplitConfig(out_words=True,
+                                                            out_kernel="tiles"))])
+def test_out_words_needs_heads_and_a_4bit_copy(read, cfg) -> None:
+    """``out_words`` loads 4-bit codes as int32 words in the "heads" output launch only:
+    a 1-byte copy or another output launch is refused with a clear message."""
+    cache = Mamba2Cache.allocate(1, H, P, N, G, checkpoint_format="fp16-sr",
+                                 read_format=read, window=2, device=DEV, launch="split",
+                                 split_config=cfg)
+    x = torch.zeros(1, H, P, device=DEV)
+    with pytest.raises(ValueError, match="out_words needs the 'heads' output launch"):
         mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
                     torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
 
