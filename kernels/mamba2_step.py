@@ -110,8 +110,9 @@ class SplitConfig:
     the same programs appended to the flush launch's grid made the output steps 12-17%
     slower), ``tail_tile``
     ("heads" output: a power-of-two remainder of headdim as a smaller tile of its own
-    instead of a masked full one; None = for 4-bit copies only: on an H200, nano-4b's 80
-    rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output step),
+    instead of a masked full one; None = for 4-bit copies read as bytes only: on an
+    H200, nano-4b's 80 rows as 32 + 32 + 16 took 133 instead of 139 us per nvfp4 output
+    step; read as words (``out_words``) 114.9 / 112.6 against 107.8 without),
     ``flush_prefetch`` (compiled code only: L2 prefetch of the flush chunk that many
     chunks ahead, the program's next unit included; None = 1 for 1-warp flushes that
     write a 1-byte copy, else 0: on an H200, nano-4b / super-120b, the fp8 flush took
@@ -131,12 +132,13 @@ class SplitConfig:
     123.3 -> 118.1 on nano-4b, 112.8 -> 109.9 on super-120b, fp8 108.2 -> 104.2 on
     super-120b; nano-4b's three fp8 tiles spill or, at 128 registers, lose: 114.8
     against 107.5; with ``out_words`` not where there is a tail tile, whose loads then
-    spill).  ``out_words`` ("heads" output, 4-bit copies): the codes load as int32
-    words, each nibble pair turned into fp16 bits by two shifts and two masks and
-    widened to float32, instead of bytes whose nibbles each take their own integer
-    operations (offline sm_90: 3032 -> 2733 instructions on nano-4b, 2270 -> 1917 on
-    super-120b); None = on there (H200, fp16-sr + nvfp4, output us: 119.6 / 118.7 ->
-    113.2 / 112.8 on nano-4b, 114.7 / 111.2 -> 99.7 / 99.5 on super-120b).
+    spill; tail tiles are off with words by default).  ``out_words`` ("heads" output,
+    4-bit copies): the codes load as int32 words, each nibble pair turned into fp16 bits
+    by two shifts and two masks and widened to float32, instead of bytes whose nibbles
+    each take their own integer operations (offline sm_90: 3032 -> 2733 instructions on
+    nano-4b, 2270 -> 1917 on super-120b); None = on there (H200, fp16-sr + nvfp4, output
+    us: 119.6 / 118.7 -> 113.2 / 112.8 on nano-4b, 114.7 / 111.2 -> 99.7 / 99.5 on
+    super-120b; nano-4b without its tail tile 107.8).
     ``flush_tma`` (dense checkpoints, headdim a multiple of ``flush_rows``): the flush
     loads the checkpoint's chunks through a tensor descriptor (TMA bulk copies into
     shared memory on Hopper, issued ``flush_stages - 1`` chunks ahead by the chunk
@@ -659,13 +661,14 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # they fit the registers (4-bit copies; 1-byte ones of at most two tiles)
     one_head = kind == "heads" and narrow and hpp == 1
     four_bit = _BYTES_BY_ID[rd_id] < 1
-    tail = _tail_rows(cfg.tail_tile, P, bp, rd_id)
-    full = P // bp if tail else npb  # tiles but the tail
     words = cfg.out_words
     if words is None:
         words = kind == "heads" and four_bit
     if words and not (kind == "heads" and four_bit):
         raise ValueError("out_words needs the 'heads' output launch and a 4-bit read copy")
+    use_tail = cfg.tail_tile if cfg.tail_tile is not None else four_bit and not words
+    tail = _tail_rows(use_tail, P, bp, rd_id)
+    full = P // bp if tail else npb  # tiles but the tail
     loads_first = cfg.out_loads_first
     if loads_first is None:  # words: a tail tile's loads too spill at 128 registers
         loads_first = one_head and full <= 2 and not (words and tail)
@@ -698,7 +701,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # TMA loads in two stages where the flush writes a 1-byte copy from 1-warp programs
     tma = cfg.flush_tma if cfg.flush_tma is not None else (
         tma_ok and fw == 1 and f_narrow and not need_amax)
-    return replace(cfg, out_kernel=kind, block_p=bp,
+    return replace(cfg, out_kernel=kind, block_p=bp, tail_tile=use_tail,
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
                    stages=cfg.stages or (1 if kind == "heads" else 2),
