@@ -85,7 +85,10 @@ CANDIDATES: dict[str, list] = {
     # before the first store.  fp8: 107.5 / 108.2 without; with 96 registers 173.3 (312
     # bytes of spill) / 104.2; with 128 114.8 / 119.1.  nvfp4 (128 registers): 123.3 /
     # 112.8 without, 118.1 / 109.9 with.  The default takes it where it fits (4-bit
-    # copies; 1-byte ones of at most two tiles) and sets the register cap to match
+    # copies; 1-byte ones of at most two tiles) and sets the register cap to match.
+    # out_words (twenty-sixth run): a 4-bit copy's codes read as int32 words, nvfp4
+    # output 119.6 -> 113.2 us (nano-4b, 107.8 without the tail tile) and 114.7 -> 99.7
+    # (super-120b); the bytes path stays a candidate
     "split-fp32-fp8": [
         {**_H1, "heads_per_program": 1, "stages": 1},  # "launch", the default cap
         {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
@@ -94,7 +97,7 @@ CANDIDATES: dict[str, list] = {
     "split-fp16sr-nvfp4": [  # (the flush keys: FLUSH_CANDIDATES)
         {**_H1, "heads_per_program": 1, "stages": 1},  # "launch", the default cap
         {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
-        {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 96, "out_loads_first": False},
+        {**_H1, "heads_per_program": 1, "stages": 1, "out_words": False},
     ],
     # (block_p, num_warps[, verify_launch]): "staged" = prep launch + one read per tile;
     # "staged-dot" = the same with all drafts' reductions of a tile as tensor-core products

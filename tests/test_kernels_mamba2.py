@@ -929,6 +929,24 @@ def test_default_output_words_tail_and_loads_first() -> None:
     assert _split_defaults(SplitConfig(), 80, 128, 96, 8, fp8, False).out_words is False
 
 
+@pytest.mark.parametrize("design", ["replay-fp32", "split-fp32-fp8", "split-fp16sr-nvfp4"])
+def test_split_tuning_candidates_are_accepted(design: str) -> None:
+    """Every split-launch tuning candidate of the benchmark, with every flush candidate,
+    is a configuration the split step accepts at both model shapes."""
+    from precisionlab.studies.bench_mamba2 import CANDIDATES, DESIGNS, FLUSH_CANDIDATES
+
+    ck, rd = DESIGNS[design]
+    need_amax = "nvfp4" in (ck, rd) and ck not in ("fp16-sr", "bf16-sr")
+    outs = [c for c in CANDIDATES[design] if c.get("launch") == "split"]
+    assert outs
+    for out in outs:
+        for fl in FLUSH_CANDIDATES[design]:
+            fields = {k: v for k, v in {**out, **fl}.items() if k != "launch"}
+            for Hm, Pm in ((96, 80), (128, 64)):
+                _split_defaults(SplitConfig(**fields), Pm, 128, Hm, 8, format_id(rd or ck),
+                                need_amax, True, format_id(ck))
+
+
 @pytest.mark.parametrize("ck,rd,grid", [("fp32", None, "persistent"),
                                          ("fp16-sr", None, "persistent"),
                                          ("fp32", "fp8-e4m3", "dynamic"),
