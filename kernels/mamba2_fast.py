@@ -639,7 +639,7 @@ def m2_out_heads_kernel(
     masked rows; ``SplitConfig.tail_tile``).  ``CONC`` (the flush launch on a second
     stream): the clocks are left to :func:`clocks.advance_clocks_kernel`.  ``WORDS``
     (4-bit copies): the codes load as int32 words and each nibble pair becomes fp16 bits
-    by two shifts and two masks (:func:`tl_mamba2_fast.row_dot`)."""
+    by two shifts and two masks (:func:`tl_mamba2_fast.word_dot`)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
