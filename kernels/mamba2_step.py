@@ -711,8 +711,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    flush_ctas_per_sm=cfg.flush_ctas_per_sm or (
                        8 if sr16 else 4 if fw == 4 else 8 // fw),
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
-                   (((128 if four_bit else 96) if loads_first or words
-                     else (96 if four_bit else 80)) if one_head else None),
+                   (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
+                    if one_head else None),
                    out_loads_first=loads_first, out_words=words, flush_tma=tma,
                    flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
@@ -721,7 +721,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                                    else int(fw == 1 and f_narrow and not need_amax)),
                    evict_first=cfg.evict_first if cfg.evict_first is not None else True,
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
-                                 (2816 if four_bit else 1536)
+                                 (2816 if four_bit and not words else 1536)
                                  if kind == "heads" and narrow else 0))
 
 

@@ -915,17 +915,19 @@ def test_default_flush_programs_of_a_16bit_sr_checkpoint() -> None:
 
 def test_default_output_words_tail_and_loads_first() -> None:
     """At model shapes the "heads" output launch reads a 4-bit copy as words, without a
-    tail tile, with loads first where its tiles are two full ones (headdim 64, not 80);
-    read as bytes, headdim 80 keeps its 16-row tail tile and loads first; a 1-byte copy
+    tail tile, with loads first where its tiles are two full ones (headdim 64, not 80;
+    96 registers without), prefetching 1536 programs ahead; read as bytes, headdim 80
+    keeps its 16-row tail tile and loads first and prefetches 2816 ahead; a 1-byte copy
     is read as bytes."""
     nv, fp8 = format_id("nvfp4"), format_id("fp8-e4m3")
     got = {Pm: _split_defaults(SplitConfig(), Pm, 128, Hm, 8, nv, False)
            for Hm, Pm in ((96, 80), (128, 64))}
     assert [(c.out_words, c.tail_tile, c.out_loads_first) for c in got.values()] == [
         (True, False, False), (True, False, True)]
-    assert got[80].maxnreg == 128
+    assert [(c.maxnreg, c.out_prefetch) for c in got.values()] == [(96, 1536), (128, 1536)]
     b = _split_defaults(SplitConfig(out_words=False), 80, 128, 96, 8, nv, False)
     assert (b.out_words, b.tail_tile, b.out_loads_first) == (False, True, True)
+    assert (b.maxnreg, b.out_prefetch) == (128, 2816)
     assert _split_defaults(SplitConfig(), 80, 128, 96, 8, fp8, False).out_words is False
 
 
