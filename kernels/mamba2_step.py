@@ -120,11 +120,13 @@ class SplitConfig:
     two stages 821 against 875 on nano-4b), the replay fp32 flush 619 / 675 against
     614 / 648), ``out_prefetch`` (compiled code only: each "heads" output program
     prefetches into L2 what the program that many launches later will load; None =
-    1536 for 1-byte, 2816 for 4-bit copies, 0 otherwise; fp8 output step 111.2 -> 108.0
-    us, nvfp4 129.4 -> 126.4 on nano-4b), ``evict_first`` (the flush's stores of the
-    checkpoint and read copy evict first from L2, so that they do not push out the
-    chunks still to be read; None = on: fp8 flush 815 -> 802 us on nano-4b, 866 -> 857
-    on super-120b, nvfp4 1574 -> 1557 on nano-4b).  ``out_loads_first`` ("heads" output:
+    2816 for 4-bit copies read as bytes, 1536 for the others read by "heads" programs
+    (super-120b, nvfp4 words: 98.5-99.7 -> 96.2-96.9 us), 0 otherwise; fp8 output step
+    111.2 -> 108.0 us, nvfp4 bytes 129.4 -> 126.4 on nano-4b), ``evict_first`` (the
+    flush's stores of the checkpoint and read copy evict first from L2, so that they do
+    not push out the chunks still to be read; None = on: fp8 flush 815 -> 802 us on
+    nano-4b, 866 -> 857 on super-120b, nvfp4 1574 -> 1557 on nano-4b).
+    ``out_loads_first`` ("heads" output:
     every tile's loads before the first store, for up to 2 tiles per head and a tail
     tile; a tile's stores otherwise keep the compiler from hoisting the next tile's
     loads; None = where that fits the registers: at most 2 tiles and the tail, with
