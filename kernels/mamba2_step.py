@@ -577,13 +577,12 @@ def _resident_flush_programs(cfg: SplitConfig, N: int, RB: int) -> int:
     return max(1, min(cfg.flush_ctas_per_sm, fit))
 
 
-def _tail_rows(tail_tile: bool | None, P: int, bp: int, rd_id: int) -> int:
-    """Rows of the "heads" output's tail tile (0: none): a power-of-two remainder of
-    headdim (at least 8) as a tile of its own (``SplitConfig.tail_tile``; None: for
-    4-bit copies)."""
+def _tail_rows(tail_tile: bool, P: int, bp: int) -> int:
+    """Rows of the "heads" output's tail tile (0: none): with ``tail_tile`` (as
+    :func:`_split_defaults` resolves it), a power-of-two remainder of headdim (at least
+    8) as a tile of its own."""
     tail = P % bp
-    use = tail_tile if tail_tile is not None else _BYTES_BY_ID[rd_id] < 1
-    return tail if use and tail >= 8 and tail & (tail - 1) == 0 else 0
+    return tail if tail_tile and tail >= 8 and tail & (tail - 1) == 0 else 0
 
 
 def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
@@ -669,7 +668,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if words and not (kind == "heads" and four_bit):
         raise ValueError("out_words needs the 'heads' output launch and a 4-bit read copy")
     use_tail = cfg.tail_tile if cfg.tail_tile is not None else four_bit and not words
-    tail = _tail_rows(use_tail, P, bp, rd_id)
+    tail = _tail_rows(use_tail, P, bp)
     full = P // bp if tail else npb  # tiles but the tail
     loads_first = cfg.out_loads_first
     if loads_first is None:  # words: a tail tile's loads too spill at 128 registers
@@ -869,7 +868,7 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
     common = dict(N=N, BLOCK_P=bp, NPB=npb, NS=cfg.stages, RB=RB, RD_FMT=rd.fmt_id,
                   RING=ring_id, num_warps=cfg.num_warps, **flags, **extra)
     if cfg.out_kernel == "heads":
-        tail = _tail_rows(cfg.tail_tile, P, bp, rd.fmt_id)
+        tail = _tail_rows(cfg.tail_tile, P, bp)
         if tail:
             common["NPB"] = P // bp
         m2_out_heads_kernel[(H // hpp, batch)](

@@ -54,12 +54,6 @@ row sum the other 2**63 (products stay normal for any realistic ``c``)."""
 
 
 @triton.jit
-def _f32(half_bits):
-    """int16 fp16 bits as float32."""
-    return half_bits.to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def word_dot(words, c, BLOCK_P: tl.constexpr, N: tl.constexpr, BS: tl.constexpr):
     """``(BLOCK_P, N // BS)`` block sums of ``S c`` (float32; E2M1 values, block scales
     apart) of ``(BLOCK_P, N // 8)`` int32 words of nibbles, element ``8 m + j`` in nibble
@@ -68,8 +62,10 @@ def word_dot(words, c, BLOCK_P: tl.constexpr, N: tl.constexpr, BS: tl.constexpr)
     (values times 2**-14, exact) and put back in element order (joins only rename
     registers), then multiplied by ``c * 2**14``."""
     e0, e1, e2, e3, e4, e5, e6, e7 = e2m1_word_halves(words)
-    even = tl.join(tl.join(_f32(e0), _f32(e4)), tl.join(_f32(e2), _f32(e6)))  # 0, 2, 4, 6
-    odd = tl.join(tl.join(_f32(e1), _f32(e5)), tl.join(_f32(e3), _f32(e7)))
+    even = tl.join(tl.join(fp16_bits_to_f32(e0), fp16_bits_to_f32(e4)),
+                   tl.join(fp16_bits_to_f32(e2), fp16_bits_to_f32(e6)))  # elements 0, 2, 4, 6
+    odd = tl.join(tl.join(fp16_bits_to_f32(e1), fp16_bits_to_f32(e5)),
+                  tl.join(fp16_bits_to_f32(e3), fp16_bits_to_f32(e7)))
     x = tl.reshape(tl.join(even, odd), (BLOCK_P, N))
     acc = x * (c * NVFP4_WORD_SCALE)[None, :]
     return tl.sum(tl.reshape(acc, [BLOCK_P, N // BS, BS]), axis=2)
