@@ -138,10 +138,8 @@ def nvfp4_word_dot(words, sc, KQ, BV: tl.constexpr, K: tl.constexpr):
     the matrix scale apart) as one fp16 tensor-core product, with ``KQ``'s rows in
     :func:`nvfp4_word_order` (``KQ[c]`` multiplies element ``nvfp4_word_order(c)``).
 
-    Each E2M1 nibble becomes the fp16 whose bits are ``sign << 15 | magnitude << 9``,
-    its value times 2**-14 (subnormal codes included), two nibbles at once: a word's
-    nibbles 0 and 4, 1 and 5, 2 and 6, 3 and 7 are 16 bits apart, so two shifts and two
-    masks of the word give both halves of one fp16 pair.  Times its block scale the
+    Each E2M1 nibble becomes the fp16 of its value times 2**-14
+    (:func:`e2m1_word_halves`, subnormal codes included).  Times its block scale the
     value stays exact in fp16 (a multiple of 2**-24 with at most 8 significant bits,
     below 0.17), so the product is the exact product scaled by 2**-14."""
     e0, e1, e2, e3, e4, e5, e6, e7 = e2m1_word_halves(words)
