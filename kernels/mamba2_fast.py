@@ -577,7 +577,16 @@ def _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, 
     """The loads of output rows ``rows`` (``BT`` of them) of head ``h``: the stored codes
     (4-bit ones as int32 words with WORDS) and scales, the ring's x rows, this step's x
     and gate rows."""
-    m = rows < P
+    return _rows_load(rows, rows < P, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b,
+                      x_b, z_b, RD_FMT, BT, N, RING, HAS_Z, WORDS)
+
+
+@triton.jit
+def _rows_load(rows, m, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
+               RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
+               HAS_Z: tl.constexpr, WORDS: tl.constexpr):
+    """:func:`_heads_load` of the rows ``rows`` where ``m`` (rows of ``mat``'s head and,
+    past ``P``, of the heads after it)."""
     codes, s1, s2 = load_codes(rd_c, rd_s1, rd_s2, mat, rows, m, P, RD_FMT, BT, N, WORDS)
     rx = ring_load(rx_b + h * P + offs_r[:, None] * HP + rows[None, :],
                    mr[:, None] & m[None, :], RING)
@@ -616,6 +625,74 @@ def _heads_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_
 
 
 @triton.jit
+def _head_weights(wts, b, H, h, offs_r, D_ptr, RB: tl.constexpr, HAS_D: tl.constexpr):
+    """Head ``h``'s ring weights of batch row ``b`` from :func:`m2_weights_kernel`: the
+    entries before ``c``, this step's entry, ``e^Lambda_c``, ``dt``; and its D."""
+    w_b = wts + (b * H + h) * (RB + 4)
+    wbc = tl.load(w_b + offs_r)
+    wc = tl.load(w_b + RB)
+    eL = tl.load(w_b + RB + 1)
+    dt = tl.load(w_b + RB + 2)
+    D_h = 0.0
+    if HAS_D:
+        D_h = tl.load(D_ptr + h).to(tl.float32)
+    return wbc, wc, eL, dt, D_h
+
+
+@triton.jit
+def _pair_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
+               C_t, Ce, Co, wbc_a, wc_a, eL_a, D_a, wbc_b, wc_b, eL_b, D_b,
+               RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
+               HAS_Z: tl.constexpr, WORDS: tl.constexpr):
+    """Output rows ``rows`` of heads ``h`` (``rows < P``) and ``h + 1`` (the others, as
+    rows of ``h`` continued: two heads' stored rows, scales, ring rows, inputs and
+    outputs are contiguous), one tile: the row dot, ring rows and gate of
+    :func:`_heads_finish` with each row's own head's weights and nvfp4 matrix scale."""
+    m = rows < 2 * P
+    a = rows < P
+    codes, s1, s2, rx, xf, z = _rows_load(rows, m, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r,
+                                          mr, rx_b, x_b, z_b, RD_FMT, BT, N, RING, HAS_Z,
+                                          WORDS)
+    if RD_FMT == K_NVFP4:
+        s2 = tl.where(a, s2, tl.load(rd_s2 + mat + 1))[:, None]
+    xr = ring_round(xf, RING)
+    y = tl.where(a, eL_a, eL_b) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
+    y += tl.where(a, tl.sum(wbc_a[:, None] * rx, axis=0), tl.sum(wbc_b[:, None] * rx, axis=0))
+    y += tl.where(a, wc_a, wc_b) * xr
+    tl.store(out_b + h * P + rows, gate(y, xf, z, tl.where(a, D_a, D_b), HAS_Z), mask=m)
+    ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
+
+
+@triton.jit
+def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_b, rdt_b,
+                x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PC: tl.constexpr, BLOCK_P: tl.constexpr,
+                N: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
+                HAS_Z: tl.constexpr, HAS_D: tl.constexpr, WORDS: tl.constexpr):
+    """Heads ``h`` and ``h + 1`` (headdim ``PC``, not a multiple of ``BLOCK_P``; ``2 PC``
+    is) as one run of ``2 PC / BLOCK_P`` tiles: no masked rows, and the tile that holds
+    the end of ``h`` and the start of ``h + 1`` takes each row's weights from its head
+    (:func:`_pair_tile`).  A headdim of 80 in 32-row tiles: 5 tiles per two heads
+    instead of 6, a sixth of them masked rows."""
+    wbc_a, wc_a, eL_a, dt_a, D_a = _head_weights(wts, b, H, h, offs_r, D_ptr, RB, HAS_D)
+    wbc_b, wc_b, eL_b, dt_b, D_b = _head_weights(wts, b, H, h + 1, offs_r, D_ptr, RB, HAS_D)
+    for q in tl.static_range(2 * PC // BLOCK_P):
+        if (q + 1) * BLOCK_P <= PC:
+            _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat, h, P,
+                        HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL_a, wbc_a,
+                        wc_a, D_a, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        elif q * BLOCK_P >= PC:
+            _heads_tile(q * BLOCK_P - PC + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat + 1,
+                        h + 1, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL_b,
+                        wbc_b, wc_b, D_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        else:
+            _pair_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat, h, P, HP,
+                       c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a,
+                       D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+    tl.store(rdt_b + c * H + h, dt_a)
+    tl.store(rdt_b + c * H + h + 1, dt_b)
+
+
+@triton.jit
 def m2_out_heads_kernel(
     rd_c, rd_s1, rd_s2, ring_x, ring_B, ring_dt, tickets, state_idx, pos,
     x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr,
@@ -626,7 +703,7 @@ def m2_out_heads_kernel(
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
-    WORDS: tl.constexpr = False,
+    WORDS: tl.constexpr = False, PAIRS: tl.constexpr = 0,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -639,7 +716,9 @@ def m2_out_heads_kernel(
     masked rows; ``SplitConfig.tail_tile``).  ``CONC`` (the flush launch on a second
     stream): the clocks are left to :func:`clocks.advance_clocks_kernel`.  ``WORDS``
     (4-bit copies): the codes load as int32 words and each nibble pair becomes fp16 bits
-    by two shifts and two masks (:func:`tl_mamba2_fast.word_dot`)."""
+    by two shifts and two masks (:func:`tl_mamba2_fast.word_dot`).  ``PAIRS`` (the
+    headdim, ``HPP`` 2, ``WEIGHTS``; ``SplitConfig.out_pairs``): the two heads' rows are
+    one run of tiles (:func:`_pair_heads`)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -687,57 +766,57 @@ def m2_out_heads_kernel(
                            RING)
             BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
             BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
-        for hh in tl.range(0, HPP, num_stages=NS):
-            h = h0 + hh
-            if WEIGHTS:  # from the flush launch (_out_weights)
-                w_b = wts + (b * H + h) * (RB + 4)
-                wbc = tl.load(w_b + offs_r)
-                wc = tl.load(w_b + RB)
-                eL = tl.load(w_b + RB + 1)
-                dt = tl.load(w_b + RB + 2)
-                D_h = 0.0
-                if HAS_D:
-                    D_h = tl.load(D_ptr + h).to(tl.float32)
-            else:
-                A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
-                dt = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
-                rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
-                edt = tl.where(offs_r == c, dt, rdt)
-                cum = tl.cumsum(edt * A_h, axis=0)
-                last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
-                wbc = tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC  # entries < c
-                wc = dt * BCc  # this step's entry: exp(last - cum_c) = 1
-                eL = tl.exp(last)
-            if LOADS_FIRST:  # every tile's loads before the first store (<= 2 and a tail)
-                r0 = tl.arange(0, BLOCK_P)
-                a0 = _heads_load(r0, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr, rx_b,
-                                 x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-                if NPB > 1:
-                    r1 = BLOCK_P + tl.arange(0, BLOCK_P)
-                    a1 = _heads_load(r1, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                     rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-                if TAIL > 0:
-                    rt = NPB * BLOCK_P + tl.arange(0, TAIL)
-                    at = _heads_load(rt, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                     rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
-                _heads_finish(r0, a0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
-                              RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                if NPB > 1:
-                    _heads_finish(r1, a1, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                if TAIL > 0:
-                    _heads_finish(rt, at, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                  D_h, RD_FMT, TAIL, N, RING, HAS_Z)
-            else:
-                for q in tl.static_range(NPB):
-                    _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2,
-                                mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-                if TAIL > 0:
-                    _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2,
-                                mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
-            tl.store(rdt_b + c * H + h, dt)
+        if PAIRS > 0:
+            tl.static_assert(WEIGHTS and (HPP == 2), "PAIRS: two heads, weights launch")
+            _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h0, mat0 + h0, P, HP, c, offs_r, mr,
+                        rx_b, rdt_b, x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PAIRS, BLOCK_P, N,
+                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS)
+        else:
+            for hh in tl.range(0, HPP, num_stages=NS):
+                h = h0 + hh
+                if WEIGHTS:  # from the flush launch (_out_weights)
+                    wbc, wc, eL, dt, D_h = _head_weights(wts, b, H, h, offs_r, D_ptr, RB, HAS_D)
+                else:
+                    A_h, D_h, dtb = head_consts(h, A_ptr, D_ptr, dtb_ptr, HAS_D, HAS_DT_BIAS)
+                    dt = dt_of(tl.load(dt_b + h), dtb, HAS_DT_BIAS, DT_SOFTPLUS)
+                    rdt = tl.load(rdt_b + h + offs_r * H, mask=mr, other=0.0)
+                    edt = tl.where(offs_r == c, dt, rdt)
+                    cum = tl.cumsum(edt * A_h, axis=0)
+                    last = tl.sum(tl.where(offs_r == c, cum, 0.0), axis=0)
+                    wbc = tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC  # entries < c
+                    wc = dt * BCc  # this step's entry: exp(last - cum_c) = 1
+                    eL = tl.exp(last)
+                if LOADS_FIRST:  # every tile's loads before the first store (<= 2 and a tail)
+                    r0 = tl.arange(0, BLOCK_P)
+                    a0 = _heads_load(r0, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr, rx_b,
+                                     x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+                    if NPB > 1:
+                        r1 = BLOCK_P + tl.arange(0, BLOCK_P)
+                        a1 = _heads_load(r1, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
+                                         rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+                    if TAIL > 0:
+                        rt = NPB * BLOCK_P + tl.arange(0, TAIL)
+                        at = _heads_load(rt, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
+                                         rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
+                    _heads_finish(r0, a0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
+                                  RD_FMT, BLOCK_P, N, RING, HAS_Z)
+                    if NPB > 1:
+                        _heads_finish(r1, a1, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
+                                      D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
+                    if TAIL > 0:
+                        _heads_finish(rt, at, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
+                                      D_h, RD_FMT, TAIL, N, RING, HAS_Z)
+                else:
+                    for q in tl.static_range(NPB):
+                        _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2,
+                                    mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
+                                    C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING,
+                                    HAS_Z, WORDS)
+                    if TAIL > 0:
+                        _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2,
+                                    mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
+                                    Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
+                tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)
     if PFO > 0:

@@ -166,6 +166,15 @@ class SplitConfig:
     1373 -> 1226 / 1477 -> 1293 and 1518 -> 1062 / 1625 -> 1153; an fp16-sr
     checkpoint's nvfp4 copy, with the flush's 2-warp programs, against the twentieth
     run's flush that encoded it: 200.5 -> 190.9 / 199.5 -> 188.1).
+    ``out_pairs`` ("heads" output of 1-byte and 4-bit copies with the weights launch;
+    headdim not a multiple of ``block_p``, twice it is, heads per group even): a program
+    takes two heads and their rows as one run of tiles, none of them masked (a headdim of
+    80 in 32-row tiles: 5 tiles per two heads instead of 6); None = on where it applies
+    and no other setting excludes it (tail tiles, loads first, a 4-bit copy read as
+    bytes), with no L2 prefetch (``out_prefetch``) and 128 registers for 4-bit copies
+    (H200, nano-4b, batch 256, L = 16, output step us: nvfp4 105.7-108.7 -> 99.2-101.2,
+    fp8 105.2-106.3 -> 103.8-104.4; with the one-head programs' prefetch distance nvfp4
+    stayed at 106.6 and fp8 lost, 121.9).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -195,6 +204,7 @@ class SplitConfig:
     concurrent_flush: bool | None = None
     flush_grid: str | None = None
     read_encode: str | None = None
+    out_pairs: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -577,6 +587,27 @@ def _resident_flush_programs(cfg: SplitConfig, N: int, RB: int) -> int:
     return max(1, min(cfg.flush_ctas_per_sm, fit))
 
 
+def _pairs_fit(kind: str, narrow: bool, P: int, bp: int, hpg: int) -> bool:
+    """Whether two heads' rows make whole ``bp``-row tiles and one head's do not, in
+    "heads" programs of a 1-byte or 4-bit copy (``SplitConfig.out_pairs``)."""
+    return (kind == "heads" and narrow and P % bp != 0 and (2 * P) % bp == 0 and bp <= P
+            and hpg % 2 == 0)
+
+
+def _check_pairs(cfg: SplitConfig, kind: str, narrow: bool, P: int, bp: int, hpg: int) -> None:
+    """Raise ValueError where ``out_pairs`` cannot apply."""
+    if kind != "heads" or not narrow or cfg.out_weights != "launch":
+        raise ValueError("out_pairs needs the 'heads' output launch, a 1-byte or 4-bit read "
+                         "copy and out_weights='launch'")
+    if cfg.heads_per_program not in (None, 2):
+        raise ValueError(f"out_pairs takes 2 heads per program, got "
+                         f"{cfg.heads_per_program}")
+    if not _pairs_fit(kind, narrow, P, bp, hpg):
+        raise ValueError(f"out_pairs needs a headdim that is not a multiple of block_p but "
+                         f"twice it is, and an even number of heads per group; got headdim "
+                         f"{P}, block_p {bp}, {hpg} heads per group")
+
+
 def _tail_rows(tail_tile: bool, P: int, bp: int) -> int:
     """Rows of the "heads" output's tail tile (0: none): with ``tail_tile`` (as
     :func:`_split_defaults` resolves it), a power-of-two remainder of headdim (at least
@@ -637,7 +668,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         if (getattr(cfg, name) or 0) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     for name in ("tail_tile", "evict_first", "out_loads_first", "out_words", "flush_tma",
-                 "concurrent_flush"):
+                 "concurrent_flush", "out_pairs"):
         if getattr(cfg, name) not in (None, True, False):
             raise ValueError(f"{name} must be true, false or unset, got {getattr(cfg, name)!r}")
     if kind not in ("heads", "tiles", "group"):
@@ -651,8 +682,21 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     nw = cfg.num_warps or (1 if kind == "heads" else 4)
     narrow = _BYTES_BY_ID[rd_id] <= 1  # 1-byte and 4-bit copies
     want = 1 if (kind == "heads" and narrow) else 4
-    hpp = cfg.heads_per_program or (max(d for d in (1, 2, 4) if hpg % d == 0 and d <= want)
-                                    if kind != "tiles" else 1)
+    four_bit = _BYTES_BY_ID[rd_id] < 1
+    words = cfg.out_words
+    if words is None:
+        words = kind == "heads" and four_bit
+    if words and not (kind == "heads" and four_bit):
+        raise ValueError("out_words needs the 'heads' output launch and a 4-bit read copy")
+    pairs = cfg.out_pairs
+    if pairs is None:  # where it applies and is not excluded; 4-bit copies read as words
+        pairs = (_pairs_fit(kind, narrow, P, bp, hpg) and cfg.out_weights == "launch"
+                 and cfg.heads_per_program in (None, 2) and not cfg.tail_tile
+                 and not cfg.out_loads_first and (words or not four_bit))
+    elif pairs:
+        _check_pairs(cfg, kind, narrow, P, bp, hpg)
+    hpp = cfg.heads_per_program or (2 if pairs else max(
+        d for d in (1, 2, 4) if hpg % d == 0 and d <= want) if kind != "tiles" else 1)
     if hpg % hpp:
         raise ValueError(f"heads_per_program {hpp} must divide heads per group {hpg}")
     tpp = cfg.tiles_per_program or npb * hpp
@@ -661,18 +705,19 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # "heads" programs of one head: every tile's loads before the first store where
     # they fit the registers (4-bit copies; 1-byte ones of at most two tiles)
     one_head = kind == "heads" and narrow and hpp == 1
-    four_bit = _BYTES_BY_ID[rd_id] < 1
-    words = cfg.out_words
-    if words is None:
-        words = kind == "heads" and four_bit
-    if words and not (kind == "heads" and four_bit):
-        raise ValueError("out_words needs the 'heads' output launch and a 4-bit read copy")
+    narrow_heads = one_head or pairs  # 1-warp programs, register caps
     use_tail = cfg.tail_tile if cfg.tail_tile is not None else four_bit and not words
+    if pairs and use_tail:
+        if cfg.tail_tile:
+            raise ValueError("out_pairs and tail_tile exclude each other")
+        use_tail = False
     tail = _tail_rows(use_tail, P, bp)
     full = P // bp if tail else npb  # tiles but the tail
     loads_first = cfg.out_loads_first
     if loads_first is None:  # words: a tail tile's loads too spill at 128 registers
-        loads_first = one_head and full <= 2 and not (words and tail)
+        loads_first = one_head and full <= 2 and not (words and tail) and not pairs
+    if loads_first and pairs:
+        raise ValueError("out_pairs and out_loads_first exclude each other")
     if loads_first and full > 2:
         raise ValueError(f"out_loads_first takes at most 2 tiles per head besides a tail "
                          f"tile, got headdim {P} in {bp}-row tiles")
@@ -712,9 +757,10 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    flush_ctas_per_sm=cfg.flush_ctas_per_sm or (
                        8 if sr16 else 4 if fw == 4 else 8 // fw),
                    maxnreg=cfg.maxnreg if cfg.maxnreg is not None else
-                   (((128 if four_bit else 96) if loads_first else (96 if four_bit else 80))
-                    if one_head else None),
+                   (((128 if four_bit else 96) if loads_first or pairs and four_bit
+                     else (96 if four_bit else 80)) if narrow_heads else None),
                    out_loads_first=loads_first, out_words=words, flush_tma=tma,
+                   out_pairs=pairs,
                    flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
                    flush_maxnreg=fmax,
@@ -723,7 +769,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    evict_first=cfg.evict_first if cfg.evict_first is not None else True,
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
                                  (2816 if four_bit and not words else 1536)
-                                 if kind == "heads" and narrow else 0))
+                                 if kind == "heads" and narrow and not pairs else 0))
 
 
 def launch_split_step(
@@ -874,7 +920,8 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
-            LOADS_FIRST=cfg.out_loads_first, CONC=conc, WORDS=cfg.out_words, **common)
+            LOADS_FIRST=cfg.out_loads_first, CONC=conc, WORDS=cfg.out_words,
+            PAIRS=P if cfg.out_pairs else 0, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -188,7 +188,10 @@ FAST_ENC = {"split-refenc": SplitConfig(flush_encoder="ref"),
 WORD_CFG = {"split-words": SplitConfig(out_words=True),
             "split-bytes": SplitConfig(out_words=False),
             "split-words-loads-first": SplitConfig(out_words=True, out_loads_first=True,
-                                                   block_p=16, tail_tile=True)}
+                                                   block_p=16, tail_tile=True),
+            # two heads' 24 rows as three 16-row tiles: one of each head, one shared
+            "split-pairs": SplitConfig(out_pairs=True, block_p=16),
+            "split-pairs-bytes": SplitConfig(out_pairs=True, block_p=16, out_words=False)}
 SPLIT_CFG = {**FAST_ENC, **WORD_CFG}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
@@ -283,6 +286,9 @@ SPLIT_CONFIGS = {
     "split-heads-loads-first-tail": ("split", SplitConfig(heads_per_program=1, block_p=16,
                                                           out_loads_first=True,
                                                           tail_tile=True)),
+    # output: two heads per program, their rows as three 16-row tiles, the middle one
+    # shared by both heads (a padding row among them)
+    "split-heads-pairs": ("split", SplitConfig(out_pairs=True, block_p=16)),
     # flush programs of four / two warps (the default: one; a chunk's row reductions
     # across warps)
     "split-flush-4warps": ("split", SplitConfig(flush_warps=4, flush_maxnreg=0)),
@@ -915,18 +921,21 @@ def test_default_flush_programs_of_a_16bit_sr_checkpoint() -> None:
 
 def test_default_output_words_tail_and_loads_first() -> None:
     """At model shapes the "heads" output launch reads a 4-bit copy as words, without a
-    tail tile, with loads first where its tiles are two full ones (headdim 64, not 80;
-    96 registers without), prefetching 1536 programs ahead; read as bytes, headdim 80
-    keeps its 16-row tail tile and loads first and prefetches 2816 ahead; a 1-byte copy
-    is read as bytes."""
+    tail tile, with loads first where its tiles are two full ones (headdim 64) and, where
+    they are not (80), two heads per program (``out_pairs``) without prefetch;
+    headdim 64 prefetches 1536 programs ahead; read as bytes, headdim 80 keeps one head
+    per program, its 16-row tail tile and loads first and prefetches 2816 ahead; a
+    1-byte copy is read as bytes."""
     nv, fp8 = format_id("nvfp4"), format_id("fp8-e4m3")
     got = {Pm: _split_defaults(SplitConfig(), Pm, 128, Hm, 8, nv, False)
            for Hm, Pm in ((96, 80), (128, 64))}
     assert [(c.out_words, c.tail_tile, c.out_loads_first) for c in got.values()] == [
         (True, False, False), (True, False, True)]
-    assert [(c.maxnreg, c.out_prefetch) for c in got.values()] == [(96, 1536), (128, 1536)]
+    assert [(c.out_pairs, c.heads_per_program) for c in got.values()] == [(True, 2), (False, 1)]
+    assert [(c.maxnreg, c.out_prefetch) for c in got.values()] == [(128, 0), (128, 1536)]
     b = _split_defaults(SplitConfig(out_words=False), 80, 128, 96, 8, nv, False)
-    assert (b.out_words, b.tail_tile, b.out_loads_first) == (False, True, True)
+    assert (b.out_words, b.tail_tile, b.out_loads_first, b.out_pairs) == (False, True, True,
+                                                                           False)
     assert (b.maxnreg, b.out_prefetch) == (128, 2816)
     assert _split_defaults(SplitConfig(), 80, 128, 96, 8, fp8, False).out_words is False
 
@@ -1053,6 +1062,46 @@ def test_out_words_needs_heads_and_a_4bit_copy(read, cfg) -> None:
     with pytest.raises(ValueError, match="out_words needs the 'heads' output launch"):
         mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
                     torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
+
+
+@pytest.mark.parametrize("read,cfg,match", [
+    ("fp8-e4m3", SplitConfig(out_pairs=True, block_p=32), "twice it is"),  # 24 < 32
+    ("nvfp4", SplitConfig(out_pairs=True, block_p=16, out_kernel="tiles"), "'heads'"),
+    ("nvfp4", SplitConfig(out_pairs=True, block_p=16, out_weights="program"), "'heads'"),
+    ("nvfp4", SplitConfig(out_pairs=True, block_p=16, heads_per_program=1), "2 heads"),
+    ("nvfp4", SplitConfig(out_pairs=True, block_p=16, tail_tile=True), "tail_tile"),
+    ("nvfp4", SplitConfig(out_pairs=True, block_p=16, out_loads_first=True), "loads_first"),
+])
+def test_out_pairs_refuses_what_it_cannot_do(read, cfg, match) -> None:
+    """``out_pairs`` needs "heads" programs of two heads with the weights launch and a
+    headdim that two heads' tiles cover without masked rows; anything else is refused
+    with a clear message."""
+    cache = Mamba2Cache.allocate(1, H, P, N, G, checkpoint_format="fp16-sr",
+                                 read_format=read, window=2, device=DEV, launch="split",
+                                 split_config=cfg)
+    x = torch.zeros(1, H, P, device=DEV)
+    with pytest.raises(ValueError, match=match):
+        mamba2_step(cache, x, torch.zeros(1, H, device=DEV), torch.zeros(1, G, N, device=DEV),
+                    torch.zeros(1, G, N, device=DEV), HeadParams(-torch.ones(H, device=DEV)))
+
+
+def test_out_pairs_settings() -> None:
+    """nemotron-3-nano-4b's headdim of 80 runs as two heads per program in 32-row tiles
+    (the default, as with ``out_pairs`` set), without tail tile, loads first or L2
+    prefetch, at 128 registers for 4-bit copies and 80 for 1-byte ones; ``out_pairs``
+    false gives one head per program; headdim 64 and 16-row tiles never pair."""
+    for fmt, regs in (("nvfp4", 128), ("fp8-e4m3", 80)):
+        for cfg in (SplitConfig(), SplitConfig(out_pairs=True)):
+            c = _split_defaults(cfg, 80, 128, 96, 8, format_id(fmt), False)
+            assert (c.heads_per_program, c.block_p, c.tail_tile, c.out_loads_first,
+                    c.maxnreg, c.out_prefetch, c.out_pairs) == (2, 32, False, False, regs,
+                                                                0, True)
+        c = _split_defaults(SplitConfig(out_pairs=False), 80, 128, 96, 8, format_id(fmt),
+                            False)
+        assert (c.heads_per_program, c.out_pairs, c.out_prefetch) == (1, False, 1536)
+    nv = format_id("nvfp4")
+    assert not _split_defaults(SplitConfig(), 64, 128, 128, 8, nv, False).out_pairs
+    assert not _split_defaults(SplitConfig(block_p=16), 80, 128, 96, 8, nv, False).out_pairs
 
 
 def test_loads_first_rejects_more_than_two_tiles() -> None:
