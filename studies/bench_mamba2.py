@@ -89,13 +89,17 @@ CANDIDATES: dict[str, list] = {
     # out_words (twenty-sixth run): a 4-bit copy's codes read as int32 words, nvfp4
     # output 119.6 -> 113.2 us (nano-4b, 107.8 without the tail tile) and 114.7 -> 99.7
     # (super-120b); the bytes path stays a candidate
+    # out_pairs (twenty-eighth run, nano-4b): two heads per program, 80 + 80 rows as five
+    # 32-row tiles, none masked, without prefetch: nvfp4 output 105.7-108.7 -> 99.2-101.2
+    # us, fp8 105.2-106.3 -> 103.8-104.4.  The first candidates leave heads per program
+    # to the library (two where headdim pairs so, else one)
     "split-fp32-fp8": [
-        {**_H1, "heads_per_program": 1, "stages": 1},  # "launch", the default cap
+        {**_H1, "stages": 1},  # "launch", the default cap
         {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_loads_first": False},
     ],
     "split-fp16sr-nvfp4": [  # (the flush keys: FLUSH_CANDIDATES)
-        {**_H1, "heads_per_program": 1, "stages": 1},  # "launch", the default cap
+        {**_H1, "stages": 1},  # "launch", the default cap
         {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
         {**_H1, "heads_per_program": 1, "stages": 1, "out_words": False},
     ],
