@@ -49,9 +49,11 @@ nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
   or computed by the program, then the head's ``NPB`` tiles unrolled: the
   packed-domain row dot ``S C`` (``tl_mamba2_fast.row_dot``), the ring's x rows, the
   gate; with ``PFO`` (``out_prefetch``) a program ends by asking the L2 for the rows
-  of the program ``PFO`` launches later.  One-warp programs: the H200 sweeps showed
-  the tile loop issue-bound, and the per-row and per-entry vector work of a 4-warp
-  program is repeated by every warp.
+  of the program ``PFO`` launches later.  With ``PAIRS`` (``out_pairs``) a program
+  takes two heads whose rows, one run of tiles, fill every tile (headdim 80 in 32-row
+  tiles), the tile they share taking each row's weights from its own head.  One-warp
+  programs: the H200 sweeps showed the tile loop issue-bound, and the per-row and
+  per-entry vector work of a 4-warp program is repeated by every warp.
 * "tiles" (:func:`m2_out_kernel`): grid ``(H * NPB / TPP, batch)``, a pipelined loop
   over ``TPP`` tiles (per-head work per tile).
 * "group" (the default for fp32 / 16-bit copies): the one-launch kernel of
