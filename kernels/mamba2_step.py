@@ -623,7 +623,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     sweeps at batch 256, L = 16, nemotron-3-nano-4b / -super-120b shapes): an fp32 or
     16-bit read copy streams through the "group" output kernel (4 warps, 4 heads per
     program, 32-row tiles where they divide headdim, else 16); 1-byte and 4-bit copies
-    through 1-warp "heads" programs of 32-row tiles, one head each, capped at 80 (fp8)
+    through 1-warp "heads" programs of 32-row tiles, one head each (two: where their
+    rows pair into whole tiles, ``out_pairs``, and for 4-bit copies read as words whose
+    head is at most two tiles, each head's loads first), capped at 80 (fp8)
     / 96 (4-bit) registers so that 25 / 21 programs fit per SM instead of 16 (fp8
     output step 121 -> 111 us on nano-4b, 135 -> 117 on super-120b), their ring weights
     from the weights launch (``out_weights``) and an L2 prefetch of a later program's
@@ -695,7 +697,14 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                  and not cfg.out_loads_first and (words or not four_bit))
     elif pairs:
         _check_pairs(cfg, kind, narrow, P, bp, hpg)
-    hpp = cfg.heads_per_program or (2 if pairs else max(
+    # a 4-bit copy read as words whose head is at most two full tiles: two heads per
+    # program, each head's tiles loaded first, no L2 prefetch (H200, super-120b, batch
+    # 256, L = 16, nvfp4 output step 97.0-97.9 -> 94.2-94.6 us; fp8 copies lost, 102.5 ->
+    # 110.9-119.2)
+    duo = (cfg.heads_per_program is None and not pairs and kind == "heads" and four_bit
+           and words and P % bp == 0 and P // bp <= 2 and hpg % 2 == 0
+           and cfg.out_loads_first is not False and not cfg.tail_tile)
+    hpp = cfg.heads_per_program or (2 if pairs or duo else max(
         d for d in (1, 2, 4) if hpg % d == 0 and d <= want) if kind != "tiles" else 1)
     if hpg % hpp:
         raise ValueError(f"heads_per_program {hpp} must divide heads per group {hpg}")
@@ -704,7 +713,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         raise ValueError(f"tiles_per_program {tpp} must divide a group's {npb * hpg} tiles")
     # "heads" programs of one head: every tile's loads before the first store where
     # they fit the registers (4-bit copies; 1-byte ones of at most two tiles)
-    one_head = kind == "heads" and narrow and hpp == 1
+    one_head = kind == "heads" and narrow and (hpp == 1 or duo)  # (duo: loads per head)
     narrow_heads = one_head or pairs  # 1-warp programs, register caps
     use_tail = cfg.tail_tile if cfg.tail_tile is not None else four_bit and not words
     if pairs and use_tail:
@@ -769,7 +778,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    evict_first=cfg.evict_first if cfg.evict_first is not None else True,
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
                                  (2816 if four_bit and not words else 1536)
-                                 if kind == "heads" and narrow and not pairs else 0))
+                                 if kind == "heads" and narrow and not (pairs or duo)
+                                 else 0))
 
 
 def launch_split_step(

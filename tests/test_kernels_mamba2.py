@@ -191,6 +191,10 @@ WORD_CFG = {"split-words": SplitConfig(out_words=True),
                                                    block_p=16, tail_tile=True),
             # two heads' 24 rows as three 16-row tiles: one of each head, one shared
             "split-pairs": SplitConfig(out_pairs=True, block_p=16),
+            # two heads per program, each head's two tiles loaded first
+            "split-words-2heads-loads-first": SplitConfig(
+                out_words=True, heads_per_program=2, out_loads_first=True, block_p=16,
+                tail_tile=False),
             "split-pairs-bytes": SplitConfig(out_pairs=True, block_p=16, out_words=False)}
 SPLIT_CFG = {**FAST_ENC, **WORD_CFG}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
@@ -921,18 +925,19 @@ def test_default_flush_programs_of_a_16bit_sr_checkpoint() -> None:
 
 def test_default_output_words_tail_and_loads_first() -> None:
     """At model shapes the "heads" output launch reads a 4-bit copy as words, without a
-    tail tile, with loads first where its tiles are two full ones (headdim 64) and, where
-    they are not (80), two heads per program (``out_pairs``) without prefetch;
-    headdim 64 prefetches 1536 programs ahead; read as bytes, headdim 80 keeps one head
-    per program, its 16-row tail tile and loads first and prefetches 2816 ahead; a
-    1-byte copy is read as bytes."""
+    tail tile or L2 prefetch, two heads per program: each head's two full tiles loaded
+    first (headdim 64), or the heads' rows as one run of tiles (80, ``out_pairs``); read
+    as bytes, headdim 80 keeps one head per program, its 16-row tail tile and loads
+    first and prefetches 2816 ahead; a 1-byte copy is read as bytes."""
     nv, fp8 = format_id("nvfp4"), format_id("fp8-e4m3")
     got = {Pm: _split_defaults(SplitConfig(), Pm, 128, Hm, 8, nv, False)
            for Hm, Pm in ((96, 80), (128, 64))}
     assert [(c.out_words, c.tail_tile, c.out_loads_first) for c in got.values()] == [
         (True, False, False), (True, False, True)]
-    assert [(c.out_pairs, c.heads_per_program) for c in got.values()] == [(True, 2), (False, 1)]
-    assert [(c.maxnreg, c.out_prefetch) for c in got.values()] == [(128, 0), (128, 1536)]
+    assert [(c.out_pairs, c.heads_per_program) for c in got.values()] == [(True, 2), (False, 2)]
+    assert [(c.maxnreg, c.out_prefetch) for c in got.values()] == [(128, 0), (128, 0)]
+    one = _split_defaults(SplitConfig(out_loads_first=False), 64, 128, 128, 8, nv, False)
+    assert (one.heads_per_program, one.out_loads_first, one.out_prefetch) == (1, False, 1536)
     b = _split_defaults(SplitConfig(out_words=False), 80, 128, 96, 8, nv, False)
     assert (b.out_words, b.tail_tile, b.out_loads_first, b.out_pairs) == (False, True, True,
                                                                            False)
