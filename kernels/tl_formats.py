@@ -435,30 +435,6 @@ def sr_round_fast(x, bits, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.con
 
 
 @triton.jit
-def sr_fp16_codes(x, bits):
-    """int16 bits of :func:`sr_round` onto fp16 (``bits``: its random bits) for a whole
-    tile: ``fp16_rne_bits(sr_round_fast(x, bits, ...))``, the same bits.  Where every
-    value of the tile is zero or finite with ``|x| >= 2**-14``, fp16's grid there is
-    fp32's shifted by 13 bits, and ``u < frac`` (``u`` the top 24 random bits over
-    2**24, ``frac`` the low 13 bits over 2**13) holds exactly when the top 13 random
-    bits ``t`` are below those 13 bits: ``x``'s bits plus ``0x1FFF - t`` carry into
-    bit 13 then (the sign bit untouched), and the sum with its low 13 bits cleared is
-    the rounded value, saturated at 65504 and cast exactly.  Zero stays zero.  A tile
-    with an fp16 subnormal, an inf or a NaN takes :func:`sr_round_fast`."""
-    b = x.to(tl.int32, bitcast=True)
-    ab = b & 0x7FFFFFFF
-    # [2**-14, inf) and zero -> [0, 0x47000000); fp16 subnormals, inf, NaN above
-    off = (tl.where(ab == 0, 0x38800000, ab) - 0x38800000).to(tl.uint32, bitcast=True)
-    if tl.max(off) < 0x47000000:
-        t = (bits >> 19).to(tl.int32, bitcast=True)
-        q = ((b + (0x1FFF - t)) & -8192).to(tl.float32, bitcast=True)
-        codes = fp16_rne_bits(tl.minimum(tl.maximum(q, -65504.0), 65504.0))
-    else:
-        codes = fp16_rne_bits(sr_round_fast(x, bits, 10, -14, 65504.0))
-    return codes
-
-
-@triton.jit
 def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.constexpr,
                      N: tl.constexpr, FAST: tl.constexpr):
     """Encode a float32 tile into ``(codes, s1, s2)`` of format ``FMT``.
@@ -485,9 +461,10 @@ def encode_tile_with(S, FMT: tl.constexpr, index, key, amax_mat, BLOCK_P: tl.con
                                            3.3895313892515355e38))
     elif FMT == K_FP16_SR:
         if FAST:
-            codes = sr_fp16_codes(S, sr_bits(index, key))
+            q = sr_round_fast(S, sr_bits(index, key), 10, -14, 65504.0)
         else:
-            codes = fp16_rne_bits(sr_round(S, sr_bits(index, key), 10, -14, 65504.0))
+            q = sr_round(S, sr_bits(index, key), 10, -14, 65504.0)
+        codes = fp16_rne_bits(q)
     elif FMT == K_FP8:
         fin = is_finite(S)
         amax = tl.max(tl.where(fin, tl.abs(S), 0.0), axis=1)

@@ -36,13 +36,14 @@ from .tl_formats import (
     encode_tile,
     fp8_encode_hw,
     fp16_bits_to_f32,
+    fp16_rne_bits,
     is_16bit,
     nearest_16bit,
     nvfp4_encode_fast,
     sr_bf16_code,
     sr_bits,
-    sr_fp16_codes,
     sr_key,
+    sr_round_fast,
     store_codes,
     stored_values,
 )
@@ -134,7 +135,7 @@ def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
                HW_CVT: tl.constexpr = False, FAST_ENC: tl.constexpr = False,
                SELF_AMAX: tl.constexpr = False, EVICT: tl.constexpr = False):
     """``tl_formats.store_state`` (same bits) without decoding the stored values back,
-    stochastic rounding by :func:`sr_fp16_codes` / :func:`sr_bf16_code`, (``HW_CVT``,
+    stochastic rounding by :func:`sr_round_fast` / :func:`sr_bf16_code`, (``HW_CVT``,
     compiled code only) fp8 by :func:`fp8_encode_hw`, and (``FAST_ENC``) nvfp4 by
     ``tl_formats.nvfp4_encode_fast`` (``SELF_AMAX``: the tile holds the whole matrix,
     ``amax_mat`` is ignored); ``EVICT``: the stores evict first from L2."""
@@ -150,7 +151,8 @@ def store_fast(codes_ptr, s1_ptr, s2_ptr, S, mat, offs_p, mask_p, P, seed, step,
         s2 = 0.0
     elif FMT == K_FP16_SR:
         key = sr_key(seed, step)
-        codes = sr_fp16_codes(S, sr_bits(element_index(mat, offs_p, P, N), key))
+        q = sr_round_fast(S, sr_bits(element_index(mat, offs_p, P, N), key), 10, -14, 65504.0)
+        codes = fp16_rne_bits(q)
         s1 = 0.0
         s2 = 0.0
     else:
