@@ -270,6 +270,9 @@ def variants(model: str) -> list[tuple[str, str, list]]:
             out.append((f"split-{d} flush {enc}", "flush", calls[:1]))
             if enc == "ref":
                 out.append((f"split-{d} output", "output", calls[1:]))
+                if rd is not None:  # the defaults' two heads per program against one
+                    one = split_calls(model, ck, rd, SplitConfig(**kw, heads_per_program=1))
+                    out.append((f"split-{d} output one head", "output", one[-1:]))
     out.append(("verify-T4 fp32 single", "verify", verify_calls(model, "fp32", None, "single")))
     reads = {"fp32": ("fp32", None), "fp8": ("fp32", "fp8-e4m3"), "nvfp4": ("fp16-sr", "nvfp4")}
     prep = True
