@@ -695,6 +695,45 @@ def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_
 
 
 @triton.jit
+def _head_tiles(rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce,
+                Co, eL, wbc, wc, D_h, RD_FMT: tl.constexpr, BLOCK_P: tl.constexpr,
+                NPB: tl.constexpr, TAIL: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
+                HAS_Z: tl.constexpr, WORDS: tl.constexpr, LOADS_FIRST: tl.constexpr):
+    """Head ``h``'s ``NPB`` tiles and its ``TAIL`` rows (:func:`m2_out_heads_kernel`), with
+    LOADS_FIRST every tile's loads before the first store (at most 2 tiles and a tail:
+    a tile's stores otherwise keep the compiler from hoisting the next tile's loads)."""
+    if LOADS_FIRST:
+        r0 = tl.arange(0, BLOCK_P)
+        a0 = _heads_load(r0, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
+                         RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        if NPB > 1:
+            r1 = BLOCK_P + tl.arange(0, BLOCK_P)
+            a1 = _heads_load(r1, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,
+                             z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        if TAIL > 0:
+            rt = NPB * BLOCK_P + tl.arange(0, TAIL)
+            at = _heads_load(rt, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,
+                             z_b, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
+        _heads_finish(r0, a0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT,
+                      BLOCK_P, N, RING, HAS_Z)
+        if NPB > 1:
+            _heads_finish(r1, a1, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
+                          RD_FMT, BLOCK_P, N, RING, HAS_Z)
+        if TAIL > 0:
+            _heads_finish(rt, at, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
+                          RD_FMT, TAIL, N, RING, HAS_Z)
+    else:
+        for q in tl.static_range(NPB):
+            _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat, h, P, HP,
+                        c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
+                        RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        if TAIL > 0:
+            _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2, mat, h, P, HP,
+                        c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
+                        RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
+
+
+@triton.jit
 def m2_out_heads_kernel(
     rd_c, rd_s1, rd_s2, ring_x, ring_B, ring_dt, tickets, state_idx, pos,
     x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr, A_ptr, D_ptr, dtb_ptr,
@@ -788,36 +827,9 @@ def m2_out_heads_kernel(
                     wbc = tl.where(mr, rdt * tl.exp(last - cum), 0.0) * BC  # entries < c
                     wc = dt * BCc  # this step's entry: exp(last - cum_c) = 1
                     eL = tl.exp(last)
-                if LOADS_FIRST:  # every tile's loads before the first store (<= 2 and a tail)
-                    r0 = tl.arange(0, BLOCK_P)
-                    a0 = _heads_load(r0, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr, rx_b,
-                                     x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-                    if NPB > 1:
-                        r1 = BLOCK_P + tl.arange(0, BLOCK_P)
-                        a1 = _heads_load(r1, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                         rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-                    if TAIL > 0:
-                        rt = NPB * BLOCK_P + tl.arange(0, TAIL)
-                        at = _heads_load(rt, rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, offs_r, mr,
-                                         rx_b, x_b, z_b, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
-                    _heads_finish(r0, a0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
-                                  RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                    if NPB > 1:
-                        _heads_finish(r1, a1, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                      D_h, RD_FMT, BLOCK_P, N, RING, HAS_Z)
-                    if TAIL > 0:
-                        _heads_finish(rt, at, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc,
-                                      D_h, RD_FMT, TAIL, N, RING, HAS_Z)
-                else:
-                    for q in tl.static_range(NPB):
-                        _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2,
-                                    mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
-                                    C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, N, RING,
-                                    HAS_Z, WORDS)
-                    if TAIL > 0:
-                        _heads_tile(NPB * BLOCK_P + tl.arange(0, TAIL), rd_c, rd_s1, rd_s2,
-                                    mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t,
-                                    Ce, Co, eL, wbc, wc, D_h, RD_FMT, TAIL, N, RING, HAS_Z, WORDS)
+                _head_tiles(rd_c, rd_s1, rd_s2, mat0 + h, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b,
+                            out_b, C_t, Ce, Co, eL, wbc, wc, D_h, RD_FMT, BLOCK_P, NPB, TAIL, N,
+                            RING, HAS_Z, WORDS, LOADS_FIRST)
                 tl.store(rdt_b + c * H + h, dt)
         if h0 % hpg == 0:  # the group's first program appends B
             ring_store(rB_g + c * (G * N) + offs_n, B_t, offs_n < N, RING)
