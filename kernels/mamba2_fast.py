@@ -642,54 +642,104 @@ def _head_weights(wts, b, H, h, offs_r, D_ptr, RB: tl.constexpr, HAS_D: tl.const
 
 
 @triton.jit
-def _pair_tile(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b,
-               C_t, Ce, Co, wbc_a, wc_a, eL_a, D_a, wbc_b, wc_b, eL_b, D_b,
-               RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
-               HAS_Z: tl.constexpr, WORDS: tl.constexpr):
-    """Output rows ``rows`` of heads ``h`` (``rows < P``) and ``h + 1`` (the others, as
-    rows of ``h`` continued: two heads' stored rows, scales, ring rows, inputs and
-    outputs are contiguous), one tile: the row dot, ring rows and gate of
-    :func:`_heads_finish` with each row's own head's weights and nvfp4 matrix scale."""
-    m = rows < 2 * P
-    a = rows < P
-    codes, s1, s2, rx, xf, z = _rows_load(rows, m, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r,
-                                          mr, rx_b, x_b, z_b, RD_FMT, BT, N, RING, HAS_Z,
-                                          WORDS)
-    if RD_FMT == K_NVFP4:
-        s2 = tl.where(a, s2, tl.load(rd_s2 + mat + 1))[:, None]
-    xr = ring_round(xf, RING)
-    y = tl.where(a, eL_a, eL_b) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
-    y += tl.where(a, tl.sum(wbc_a[:, None] * rx, axis=0), tl.sum(wbc_b[:, None] * rx, axis=0))
-    y += tl.where(a, wc_a, wc_b) * xr
-    tl.store(out_b + h * P + rows, gate(y, xf, z, tl.where(a, D_a, D_b), HAS_Z), mask=m)
-    ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
+def _pair_load(q: tl.constexpr, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
+               PC: tl.constexpr, RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr,
+               RING: tl.constexpr, HAS_Z: tl.constexpr, WORDS: tl.constexpr):
+    """The loads of tile ``q`` of heads ``h`` and ``h + 1`` (headdim ``PC``) as one run
+    of ``BT``-row tiles (:func:`_pair_heads`): a tile of one head as that head's rows; the
+    tile holding the end of ``h`` and the start of ``h + 1`` as rows of ``h`` continued
+    (two heads' stored rows, scales, ring rows, inputs and outputs are contiguous), its
+    nvfp4 matrix scale per row."""
+    rows = q * BT + tl.arange(0, BT)
+    if (q + 1) * BT <= PC:
+        loaded = _heads_load(rows, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,
+                             z_b, RD_FMT, BT, N, RING, HAS_Z, WORDS)
+    elif q * BT >= PC:
+        loaded = _heads_load(rows - PC, rd_c, rd_s1, rd_s2, mat + 1, h + 1, P, HP, offs_r, mr,
+                             rx_b, x_b, z_b, RD_FMT, BT, N, RING, HAS_Z, WORDS)
+    else:
+        codes, s1, s2, rx, xf, z = _rows_load(rows, rows < 2 * P, rd_c, rd_s1, rd_s2, mat, h,
+                                              P, HP, offs_r, mr, rx_b, x_b, z_b, RD_FMT, BT,
+                                              N, RING, HAS_Z, WORDS)
+        if RD_FMT == K_NVFP4:
+            s2 = tl.where(rows < P, s2, tl.load(rd_s2 + mat + 1))[:, None]
+        loaded = (codes, s1, s2, rx, xf, z)
+    return loaded
+
+
+@triton.jit
+def _pair_finish(q: tl.constexpr, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a,
+                 eL_a, D_a, wbc_b, wc_b, eL_b, D_b, PC: tl.constexpr, RD_FMT: tl.constexpr,
+                 BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
+                 HAS_Z: tl.constexpr):
+    """Output rows of tile ``q`` of a head pair from what :func:`_pair_load` gave: a tile
+    of one head by :func:`_heads_finish`; the shared tile takes each row's ring weights,
+    decay, D from its own head."""
+    rows = q * BT + tl.arange(0, BT)
+    if (q + 1) * BT <= PC:
+        _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL_a, wbc_a, wc_a,
+                      D_a, RD_FMT, BT, N, RING, HAS_Z)
+    elif q * BT >= PC:
+        _heads_finish(rows - PC, loaded, h + 1, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL_b,
+                      wbc_b, wc_b, D_b, RD_FMT, BT, N, RING, HAS_Z)
+    else:
+        codes, s1, s2, rx, xf, z = loaded
+        m = rows < 2 * P
+        a = rows < P
+        xr = ring_round(xf, RING)
+        y = tl.where(a, eL_a, eL_b) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
+        y += tl.where(a, tl.sum(wbc_a[:, None] * rx, axis=0),
+                      tl.sum(wbc_b[:, None] * rx, axis=0))
+        y += tl.where(a, wc_a, wc_b) * xr
+        tl.store(out_b + h * P + rows, gate(y, xf, z, tl.where(a, D_a, D_b), HAS_Z), mask=m)
+        ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
 
 
 @triton.jit
 def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_b, rdt_b,
                 x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PC: tl.constexpr, BLOCK_P: tl.constexpr,
                 N: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
-                HAS_Z: tl.constexpr, HAS_D: tl.constexpr, WORDS: tl.constexpr):
+                HAS_Z: tl.constexpr, HAS_D: tl.constexpr, WORDS: tl.constexpr,
+                AHEAD: tl.constexpr = 0):
     """Heads ``h`` and ``h + 1`` (headdim ``PC``, not a multiple of ``BLOCK_P``; ``2 PC``
     is) as one run of ``2 PC / BLOCK_P`` tiles: no masked rows, and the tile that holds
     the end of ``h`` and the start of ``h + 1`` takes each row's weights from its head
-    (:func:`_pair_tile`).  A headdim of 80 in 32-row tiles: 5 tiles per two heads
-    instead of 6, a sixth of them masked rows."""
+    (:func:`_pair_finish`).  A headdim of 80 in 32-row tiles: 5 tiles per two heads
+    instead of 6, a sixth of them masked rows (a headdim that is a multiple of
+    ``BLOCK_P`` runs as its heads' tiles, none shared).  ``AHEAD`` (1 or 2): the loads of
+    the tile that many places later go out before a tile's row dot and stores, so that
+    many tiles' bytes are in flight behind the one being finished."""
     wbc_a, wc_a, eL_a, dt_a, D_a = _head_weights(wts, b, H, h, offs_r, D_ptr, RB, HAS_D)
     wbc_b, wc_b, eL_b, dt_b, D_b = _head_weights(wts, b, H, h + 1, offs_r, D_ptr, RB, HAS_D)
-    for q in tl.static_range(2 * PC // BLOCK_P):
-        if (q + 1) * BLOCK_P <= PC:
-            _heads_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat, h, P,
-                        HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL_a, wbc_a,
-                        wc_a, D_a, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-        elif q * BLOCK_P >= PC:
-            _heads_tile(q * BLOCK_P - PC + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat + 1,
-                        h + 1, P, HP, c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, eL_b,
-                        wbc_b, wc_b, D_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-        else:
-            _pair_tile(q * BLOCK_P + tl.arange(0, BLOCK_P), rd_c, rd_s1, rd_s2, mat, h, P, HP,
-                       c, offs_r, mr, rx_b, x_b, z_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a,
-                       D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+    NT: tl.constexpr = 2 * PC // BLOCK_P
+    if AHEAD == 0:
+        for q in tl.static_range(NT):
+            loaded = _pair_load(q, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,
+                                z_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+            _pair_finish(q, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a,
+                         D_a, wbc_b, wc_b, eL_b, D_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z)
+    else:  # a queue of the AHEAD + 1 oldest tiles' loads (1 or 2 ahead)
+        tl.static_assert((AHEAD <= 2) and (AHEAD < NT), "AHEAD: 1 or 2, fewer than the tiles")
+        q0 = _pair_load(0, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b, PC,
+                        RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        q1 = _pair_load(1, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b, PC,
+                        RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        if AHEAD == 2:
+            q2 = _pair_load(2, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
+                            PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        for q in tl.static_range(NT):
+            _pair_finish(q, q0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a, D_a,
+                         wbc_b, wc_b, eL_b, D_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z)
+            q0 = q1
+            if AHEAD == 2:
+                q1 = q2
+            if q + AHEAD + 1 < NT:
+                nxt = _pair_load(q + AHEAD + 1, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr,
+                                 rx_b, x_b, z_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+                if AHEAD == 2:
+                    q2 = nxt
+                else:
+                    q1 = nxt
     tl.store(rdt_b + c * H + h, dt_a)
     tl.store(rdt_b + c * H + h + 1, dt_b)
 
@@ -744,7 +794,7 @@ def m2_out_heads_kernel(
     HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
-    WORDS: tl.constexpr = False, PAIRS: tl.constexpr = 0,
+    WORDS: tl.constexpr = False, PAIRS: tl.constexpr = 0, AHEAD: tl.constexpr = 0,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -759,7 +809,7 @@ def m2_out_heads_kernel(
     (4-bit copies): the codes load as int32 words and each nibble pair becomes fp16 bits
     by two shifts and two masks (:func:`tl_mamba2_fast.word_dot`).  ``PAIRS`` (the
     headdim, ``HPP`` 2, ``WEIGHTS``; ``SplitConfig.out_pairs``): the two heads' rows are
-    one run of tiles (:func:`_pair_heads`)."""
+    one run of tiles (:func:`_pair_heads`; ``AHEAD``: its loads that many tiles ahead)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -811,7 +861,7 @@ def m2_out_heads_kernel(
             tl.static_assert(WEIGHTS and (HPP == 2), "PAIRS: two heads, weights launch")
             _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h0, mat0 + h0, P, HP, c, offs_r, mr,
                         rx_b, rdt_b, x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PAIRS, BLOCK_P, N,
-                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS)
+                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS, AHEAD)
         else:
             for hh in tl.range(0, HPP, num_stages=NS):
                 h = h0 + hh

@@ -174,7 +174,11 @@ class SplitConfig:
     bytes), with no L2 prefetch (``out_prefetch``) and 128 registers for 4-bit copies
     (H200, nano-4b, batch 256, L = 16, output step us: nvfp4 105.7-108.7 -> 99.2-101.2,
     fp8 105.2-106.3 -> 103.8-104.4; with the one-head programs' prefetch distance nvfp4
-    stayed at 106.6 and fp8 lost, 121.9).
+    stayed at 106.6 and fp8 lost, 121.9); set explicitly, it also takes a headdim that is
+    a multiple of ``block_p`` (two heads' tiles as one run, none shared).  ``out_ahead``
+    (with ``out_pairs``; 0, 1 or 2, fewer than the run's tiles): the loads of the tile
+    that many places later go out before a tile's row dot and stores, so that many
+    tiles' bytes are in flight while one is finished; None = 0.
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -205,6 +209,7 @@ class SplitConfig:
     flush_grid: str | None = None
     read_encode: str | None = None
     out_pairs: bool | None = None
+    out_ahead: int | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -587,11 +592,13 @@ def _resident_flush_programs(cfg: SplitConfig, N: int, RB: int) -> int:
     return max(1, min(cfg.flush_ctas_per_sm, fit))
 
 
-def _pairs_fit(kind: str, narrow: bool, P: int, bp: int, hpg: int) -> bool:
-    """Whether two heads' rows make whole ``bp``-row tiles and one head's do not, in
-    "heads" programs of a 1-byte or 4-bit copy (``SplitConfig.out_pairs``)."""
-    return (kind == "heads" and narrow and P % bp != 0 and (2 * P) % bp == 0 and bp <= P
-            and hpg % 2 == 0)
+def _pairs_fit(kind: str, narrow: bool, P: int, bp: int, hpg: int, whole: bool = False
+               ) -> bool:
+    """Whether two heads' rows make whole ``bp``-row tiles and (unless ``whole``) one
+    head's do not, in "heads" programs of a 1-byte or 4-bit copy
+    (``SplitConfig.out_pairs``)."""
+    return (kind == "heads" and narrow and (whole or P % bp != 0) and (2 * P) % bp == 0
+            and bp <= P and hpg % 2 == 0)
 
 
 def _check_pairs(cfg: SplitConfig, kind: str, narrow: bool, P: int, bp: int, hpg: int) -> None:
@@ -602,10 +609,10 @@ def _check_pairs(cfg: SplitConfig, kind: str, narrow: bool, P: int, bp: int, hpg
     if cfg.heads_per_program not in (None, 2):
         raise ValueError(f"out_pairs takes 2 heads per program, got "
                          f"{cfg.heads_per_program}")
-    if not _pairs_fit(kind, narrow, P, bp, hpg):
-        raise ValueError(f"out_pairs needs a headdim that is not a multiple of block_p but "
-                         f"twice it is, and an even number of heads per group; got headdim "
-                         f"{P}, block_p {bp}, {hpg} heads per group")
+    if not _pairs_fit(kind, narrow, P, bp, hpg, whole=True):
+        raise ValueError(f"out_pairs needs a headdim whose double is a multiple of block_p "
+                         f"(block_p <= headdim) and an even number of heads per group; got "
+                         f"headdim {P}, block_p {bp}, {hpg} heads per group")
 
 
 def _tail_rows(tail_tile: bool, P: int, bp: int) -> int:
@@ -666,9 +673,10 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.out_weights not in ("launch", "program"):
         raise ValueError(f"out_weights must be 'launch' or 'program', got "
                          f"{cfg.out_weights!r}")
-    for name in ("flush_prefetch", "out_prefetch"):
-        if (getattr(cfg, name) or 0) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    for name in ("flush_prefetch", "out_prefetch", "out_ahead"):
+        val = getattr(cfg, name)
+        if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 0):
+            raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
     for name in ("tail_tile", "evict_first", "out_loads_first", "out_words", "flush_tma",
                  "concurrent_flush", "out_pairs"):
         if getattr(cfg, name) not in (None, True, False):
@@ -697,6 +705,11 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                  and not cfg.out_loads_first and (words or not four_bit))
     elif pairs:
         _check_pairs(cfg, kind, narrow, P, bp, hpg)
+    if cfg.out_ahead and not pairs:
+        raise ValueError("out_ahead needs out_pairs (two heads' rows as one run of tiles)")
+    if cfg.out_ahead and (cfg.out_ahead > 2 or cfg.out_ahead >= 2 * P // bp):
+        raise ValueError(f"out_ahead takes 1 or 2 tiles, fewer than the {2 * P // bp} tiles "
+                         f"of two heads; got {cfg.out_ahead}")
     # a 4-bit copy read as words whose head is at most two full tiles: two heads per
     # program, each head's tiles loaded first, no L2 prefetch (H200, super-120b, batch
     # 256, L = 16, nvfp4 output step 97.0-97.9 -> 94.2-94.6 us; fp8 copies lost, 102.5 ->
@@ -769,7 +782,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    (((128 if four_bit else 96) if loads_first or pairs and four_bit
                      else (96 if four_bit else 80)) if narrow_heads else None),
                    out_loads_first=loads_first, out_words=words, flush_tma=tma,
-                   out_pairs=pairs,
+                   out_pairs=pairs, out_ahead=(cfg.out_ahead or 0) if pairs else 0,
                    flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
                    flush_maxnreg=fmax,
@@ -931,7 +944,7 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
             LOADS_FIRST=cfg.out_loads_first, CONC=conc, WORDS=cfg.out_words,
-            PAIRS=P if cfg.out_pairs else 0, **common)
+            PAIRS=P if cfg.out_pairs else 0, AHEAD=cfg.out_ahead or 0, **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -195,7 +195,11 @@ WORD_CFG = {"split-words": SplitConfig(out_words=True),
             "split-words-2heads-loads-first": SplitConfig(
                 out_words=True, heads_per_program=2, out_loads_first=True, block_p=16,
                 tail_tile=False),
-            "split-pairs-bytes": SplitConfig(out_pairs=True, block_p=16, out_words=False)}
+            "split-pairs-bytes": SplitConfig(out_pairs=True, block_p=16, out_words=False),
+            # the pairs' tiles loaded one tile ahead of the tile being finished
+            "split-pairs-ahead": SplitConfig(out_pairs=True, out_ahead=True, block_p=16),
+            "split-pairs-ahead-bytes": SplitConfig(out_pairs=True, out_ahead=True,
+                                                   block_p=16, out_words=False)}
 SPLIT_CFG = {**FAST_ENC, **WORD_CFG}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
          + [(d, r, v) for v in FAST_ENC for d, r in DESIGNS_SPLIT
@@ -293,6 +297,9 @@ SPLIT_CONFIGS = {
     # output: two heads per program, their rows as three 16-row tiles, the middle one
     # shared by both heads (a padding row among them)
     "split-heads-pairs": ("split", SplitConfig(out_pairs=True, block_p=16)),
+    # the same, each tile's loads before the previous tile's row dot and stores
+    "split-heads-pairs-ahead": ("split", SplitConfig(out_pairs=True, out_ahead=True,
+                                                     block_p=16)),
     # flush programs of four / two warps (the default: one; a chunk's row reductions
     # across warps)
     "split-flush-4warps": ("split", SplitConfig(flush_warps=4, flush_maxnreg=0)),
@@ -1070,12 +1077,14 @@ def test_out_words_needs_heads_and_a_4bit_copy(read, cfg) -> None:
 
 
 @pytest.mark.parametrize("read,cfg,match", [
-    ("fp8-e4m3", SplitConfig(out_pairs=True, block_p=32), "twice it is"),  # 24 < 32
+    ("fp8-e4m3", SplitConfig(out_pairs=True, block_p=32), "double is a multiple"),  # 24 < 32
     ("nvfp4", SplitConfig(out_pairs=True, block_p=16, out_kernel="tiles"), "'heads'"),
     ("nvfp4", SplitConfig(out_pairs=True, block_p=16, out_weights="program"), "'heads'"),
     ("nvfp4", SplitConfig(out_pairs=True, block_p=16, heads_per_program=1), "2 heads"),
     ("nvfp4", SplitConfig(out_pairs=True, block_p=16, tail_tile=True), "tail_tile"),
     ("nvfp4", SplitConfig(out_pairs=True, block_p=16, out_loads_first=True), "loads_first"),
+    ("nvfp4", SplitConfig(out_pairs=False, out_ahead=True, block_p=16), "out_ahead needs"),
+    ("nvfp4", SplitConfig(out_ahead=True, block_p=32), "out_ahead needs"),  # 24 < 32
 ])
 def test_out_pairs_refuses_what_it_cannot_do(read, cfg, match) -> None:
     """``out_pairs`` needs "heads" programs of two heads with the weights launch and a
@@ -1099,8 +1108,10 @@ def test_out_pairs_settings() -> None:
         for cfg in (SplitConfig(), SplitConfig(out_pairs=True)):
             c = _split_defaults(cfg, 80, 128, 96, 8, format_id(fmt), False)
             assert (c.heads_per_program, c.block_p, c.tail_tile, c.out_loads_first,
-                    c.maxnreg, c.out_prefetch, c.out_pairs) == (2, 32, False, False, regs,
-                                                                0, True)
+                    c.maxnreg, c.out_prefetch, c.out_pairs, c.out_ahead) == (
+                        2, 32, False, False, regs, 0, True, False)
+        c = _split_defaults(SplitConfig(out_ahead=True), 80, 128, 96, 8, format_id(fmt), False)
+        assert (c.out_pairs, c.out_ahead) == (True, True)
         c = _split_defaults(SplitConfig(out_pairs=False), 80, 128, 96, 8, format_id(fmt),
                             False)
         assert (c.heads_per_program, c.out_pairs, c.out_prefetch) == (1, False, 1536)
