@@ -51,7 +51,8 @@ nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
   gate; with ``PFO`` (``out_prefetch``) a program ends by asking the L2 for the rows
   of the program ``PFO`` launches later.  With ``PAIRS`` (``out_pairs``) a program
   takes two heads whose rows, one run of tiles, fill every tile (headdim 80 in 32-row
-  tiles), the tile they share taking each row's weights from its own head.  One-warp
+  tiles), the tile they share taking each row's weights from its own head; with
+  ``AHEAD`` (``out_ahead``) the run's loads go one or two tiles ahead.  One-warp
   programs: the H200 sweeps showed the tile loop issue-bound, and the per-row and
   per-entry vector work of a 4-warp program is repeated by every warp.
 * "tiles" (:func:`m2_out_kernel`): grid ``(H * NPB / TPP, batch)``, a pipelined loop

@@ -178,7 +178,12 @@ class SplitConfig:
     a multiple of ``block_p`` (two heads' tiles as one run, none shared).  ``out_ahead``
     (with ``out_pairs``; 0, 1 or 2, fewer than the run's tiles): the loads of the tile
     that many places later go out before a tile's row dot and stores, so that many
-    tiles' bytes are in flight while one is finished; None = 0.
+    tiles' bytes are in flight while one is finished; None = 1 for 4-bit copies' pairs
+    (at their 128 registers; H200, nano-4b, batch 256, L = 16, nvfp4 output step
+    101.5-102.9 -> 97.4 us; 2 spills there), else 0 (fp8 copies' pairs fit at 168
+    registers, and lost: 103.6-105.8 -> 106.6-107.2 us; super-120b's 4-bit copy as
+    pairs one tile ahead, 97.9 us, lost to the default two heads with loads first,
+    94.8).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -707,6 +712,9 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         _check_pairs(cfg, kind, narrow, P, bp, hpg)
     if cfg.out_ahead and not pairs:
         raise ValueError("out_ahead needs out_pairs (two heads' rows as one run of tiles)")
+    # a 4-bit copy's pairs: one tile's loads ahead (H200, nano-4b, batch 256, L = 16,
+    # nvfp4 output step 101.5-102.9 -> 97.4 us; fp8 copies, at 168 registers, lost)
+    ahead = cfg.out_ahead if cfg.out_ahead is not None else int(bool(pairs) and four_bit)
     if cfg.out_ahead and (cfg.out_ahead > 2 or cfg.out_ahead >= 2 * P // bp):
         raise ValueError(f"out_ahead takes 1 or 2 tiles, fewer than the {2 * P // bp} tiles "
                          f"of two heads; got {cfg.out_ahead}")
@@ -782,7 +790,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    (((128 if four_bit else 96) if loads_first or pairs and four_bit
                      else (96 if four_bit else 80)) if narrow_heads else None),
                    out_loads_first=loads_first, out_words=words, flush_tma=tma,
-                   out_pairs=pairs, out_ahead=(cfg.out_ahead or 0) if pairs else 0,
+                   out_pairs=pairs, out_ahead=ahead,
                    flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
                    flush_maxnreg=fmax,

@@ -197,8 +197,10 @@ WORD_CFG = {"split-words": SplitConfig(out_words=True),
                 tail_tile=False),
             "split-pairs-bytes": SplitConfig(out_pairs=True, block_p=16, out_words=False),
             # the pairs' tiles loaded one tile ahead of the tile being finished
-            "split-pairs-ahead": SplitConfig(out_pairs=True, out_ahead=True, block_p=16),
-            "split-pairs-ahead-bytes": SplitConfig(out_pairs=True, out_ahead=True,
+            "split-pairs-ahead": SplitConfig(out_pairs=True, out_ahead=1, block_p=16),
+            "split-pairs-ahead2": SplitConfig(out_pairs=True, out_ahead=2, block_p=16),
+            "split-pairs-ahead0": SplitConfig(out_pairs=True, out_ahead=0, block_p=16),
+            "split-pairs-ahead-bytes": SplitConfig(out_pairs=True, out_ahead=1,
                                                    block_p=16, out_words=False)}
 SPLIT_CFG = {**FAST_ENC, **WORD_CFG}
 CASES = ([(d, r, "fused") for d, r in DESIGNS] + [(d, r, "split") for d, r in DESIGNS_SPLIT]
@@ -298,7 +300,7 @@ SPLIT_CONFIGS = {
     # shared by both heads (a padding row among them)
     "split-heads-pairs": ("split", SplitConfig(out_pairs=True, block_p=16)),
     # the same, each tile's loads before the previous tile's row dot and stores
-    "split-heads-pairs-ahead": ("split", SplitConfig(out_pairs=True, out_ahead=True,
+    "split-heads-pairs-ahead": ("split", SplitConfig(out_pairs=True, out_ahead=1,
                                                      block_p=16)),
     # flush programs of four / two warps (the default: one; a chunk's row reductions
     # across warps)
@@ -1083,8 +1085,10 @@ def test_out_words_needs_heads_and_a_4bit_copy(read, cfg) -> None:
     ("nvfp4", SplitConfig(out_pairs=True, block_p=16, heads_per_program=1), "2 heads"),
     ("nvfp4", SplitConfig(out_pairs=True, block_p=16, tail_tile=True), "tail_tile"),
     ("nvfp4", SplitConfig(out_pairs=True, block_p=16, out_loads_first=True), "loads_first"),
-    ("nvfp4", SplitConfig(out_pairs=False, out_ahead=True, block_p=16), "out_ahead needs"),
-    ("nvfp4", SplitConfig(out_ahead=True, block_p=32), "out_ahead needs"),  # 24 < 32
+    ("nvfp4", SplitConfig(out_pairs=False, out_ahead=1, block_p=16), "out_ahead needs"),
+    ("nvfp4", SplitConfig(out_ahead=1, block_p=32), "out_ahead needs"),  # 24 < 32
+    ("nvfp4", SplitConfig(out_ahead=3, block_p=16), "out_ahead takes 1 or 2"),
+    ("nvfp4", SplitConfig(out_ahead=-1, block_p=16), "out_ahead must be an integer"),
 ])
 def test_out_pairs_refuses_what_it_cannot_do(read, cfg, match) -> None:
     """``out_pairs`` needs "heads" programs of two heads with the weights launch and a
@@ -1102,19 +1106,21 @@ def test_out_pairs_refuses_what_it_cannot_do(read, cfg, match) -> None:
 def test_out_pairs_settings() -> None:
     """nemotron-3-nano-4b's headdim of 80 runs as two heads per program in 32-row tiles
     (the default, as with ``out_pairs`` set), without tail tile, loads first or L2
-    prefetch, at 128 registers for 4-bit copies and 80 for 1-byte ones; ``out_pairs``
-    false gives one head per program; headdim 64 and 16-row tiles never pair."""
-    for fmt, regs in (("nvfp4", 128), ("fp8-e4m3", 80)):
+    prefetch, at 128 registers for 4-bit copies (their loads one tile ahead) and 80 for
+    1-byte ones; ``out_pairs`` false gives one head per program; headdim 64 and 16-row
+    tiles never pair by default."""
+    for fmt, regs, ahead in (("nvfp4", 128, 1), ("fp8-e4m3", 80, 0)):
         for cfg in (SplitConfig(), SplitConfig(out_pairs=True)):
             c = _split_defaults(cfg, 80, 128, 96, 8, format_id(fmt), False)
             assert (c.heads_per_program, c.block_p, c.tail_tile, c.out_loads_first,
                     c.maxnreg, c.out_prefetch, c.out_pairs, c.out_ahead) == (
-                        2, 32, False, False, regs, 0, True, False)
-        c = _split_defaults(SplitConfig(out_ahead=True), 80, 128, 96, 8, format_id(fmt), False)
-        assert (c.out_pairs, c.out_ahead) == (True, True)
+                        2, 32, False, False, regs, 0, True, ahead)
+        c = _split_defaults(SplitConfig(out_ahead=2), 80, 128, 96, 8, format_id(fmt), False)
+        assert (c.out_pairs, c.out_ahead) == (True, 2)
         c = _split_defaults(SplitConfig(out_pairs=False), 80, 128, 96, 8, format_id(fmt),
                             False)
-        assert (c.heads_per_program, c.out_pairs, c.out_prefetch) == (1, False, 1536)
+        assert (c.heads_per_program, c.out_pairs, c.out_prefetch, c.out_ahead) == (
+            1, False, 1536, 0)
     nv = format_id("nvfp4")
     assert not _split_defaults(SplitConfig(), 64, 128, 128, 8, nv, False).out_pairs
     assert not _split_defaults(SplitConfig(block_p=16), 80, 128, 96, 8, nv, False).out_pairs
