@@ -697,101 +697,52 @@ def _pair_finish(q: tl.constexpr, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co,
 
 
 @triton.jit
-def _run_load(q: tl.constexpr, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
-              PC: tl.constexpr, RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr,
-              RING: tl.constexpr, HAS_Z: tl.constexpr, WORDS: tl.constexpr):
-    """:func:`_pair_load` of tile ``q`` of a run of head pairs (``2 PC / BT`` tiles each)
-    from heads ``h``, ``h + 1``, ..."""
-    TP: tl.constexpr = 2 * PC // BT
-    pp: tl.constexpr = q // TP
-    return _pair_load(q % TP, rd_c, rd_s1, rd_s2, mat + 2 * pp, h + 2 * pp, P, HP, offs_r, mr,
-                      rx_b, x_b, z_b, PC, RD_FMT, BT, N, RING, HAS_Z, WORDS)
-
-
-@triton.jit
-def _run_finish(q: tl.constexpr, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, w0, w1, w2, w3,
-                PC: tl.constexpr, RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr,
-                RING: tl.constexpr, HAS_Z: tl.constexpr):
-    """:func:`_pair_finish` of tile ``q`` of a run of head pairs, with the weights
-    (:func:`_head_weights`) of its pair: ``w0``, ``w1`` for heads ``h``, ``h + 1``; ``w2``,
-    ``w3`` for ``h + 2``, ``h + 3``."""
-    TP: tl.constexpr = 2 * PC // BT
-    pp: tl.constexpr = q // TP
-    if pp == 0:
-        wa = w0
-        wb = w1
-    else:
-        wa = w2
-        wb = w3
-    wbc_a, wc_a, eL_a, dt_a, D_a = wa
-    wbc_b, wc_b, eL_b, dt_b, D_b = wb
-    _pair_finish(q % TP, loaded, h + 2 * pp, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a,
-                 eL_a, D_a, wbc_b, wc_b, eL_b, D_b, PC, RD_FMT, BT, N, RING, HAS_Z)
-
-
-@triton.jit
 def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_b, rdt_b,
                 x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PC: tl.constexpr, BLOCK_P: tl.constexpr,
                 N: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
                 HAS_Z: tl.constexpr, HAS_D: tl.constexpr, WORDS: tl.constexpr,
-                AHEAD: tl.constexpr = 0, NPAIR: tl.constexpr = 1):
-    """``NPAIR`` (1 or 2) pairs of heads from ``h`` (headdim ``PC``, not a multiple of
-    ``BLOCK_P``; ``2 PC`` is), each pair one run of ``2 PC / BLOCK_P`` tiles: no masked
-    rows, and the tile that holds the end of one head and the start of the next takes
-    each row's weights from its head (:func:`_pair_finish`).  A headdim of 80 in 32-row
-    tiles: 5 tiles per two heads instead of 6, a sixth of them masked rows (a headdim
-    that is a multiple of ``BLOCK_P`` runs as its heads' tiles, none shared).  ``AHEAD``
-    (1 or 2): the loads of the tile that many places later (across pairs too) go out
-    before a tile's row dot and stores, so that many tiles' bytes are in flight behind
-    the one being finished."""
-    w0 = _head_weights(wts, b, H, h, offs_r, D_ptr, RB, HAS_D)
-    w1 = _head_weights(wts, b, H, h + 1, offs_r, D_ptr, RB, HAS_D)
-    dt0 = w0[3]
-    dt1 = w1[3]
-    w2 = w0
-    w3 = w1
-    tl.static_assert((NPAIR == 1) or (NPAIR == 2), "NPAIR: 1 or 2 pairs of heads")
-    TP: tl.constexpr = 2 * PC // BLOCK_P
-    NT: tl.constexpr = NPAIR * TP
+                AHEAD: tl.constexpr = 0):
+    """Heads ``h`` and ``h + 1`` (headdim ``PC``, not a multiple of ``BLOCK_P``; ``2 PC``
+    is) as one run of ``2 PC / BLOCK_P`` tiles: no masked rows, and the tile that holds
+    the end of ``h`` and the start of ``h + 1`` takes each row's weights from its head
+    (:func:`_pair_finish`).  A headdim of 80 in 32-row tiles: 5 tiles per two heads
+    instead of 6, a sixth of them masked rows (a headdim that is a multiple of
+    ``BLOCK_P`` runs as its heads' tiles, none shared).  ``AHEAD`` (1 or 2): the loads of
+    the tile that many places later go out before a tile's row dot and stores, so that
+    many tiles' bytes are in flight behind the one being finished."""
+    wbc_a, wc_a, eL_a, dt_a, D_a = _head_weights(wts, b, H, h, offs_r, D_ptr, RB, HAS_D)
+    wbc_b, wc_b, eL_b, dt_b, D_b = _head_weights(wts, b, H, h + 1, offs_r, D_ptr, RB, HAS_D)
+    NT: tl.constexpr = 2 * PC // BLOCK_P
     if AHEAD == 0:
         for q in tl.static_range(NT):
-            if q == TP:  # the second pair's weights, once the first pair's are done with
-                w2 = _head_weights(wts, b, H, h + 2, offs_r, D_ptr, RB, HAS_D)
-                w3 = _head_weights(wts, b, H, h + 3, offs_r, D_ptr, RB, HAS_D)
-            loaded = _run_load(q, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,
-                               z_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-            _run_finish(q, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, w0, w1, w2, w3, PC,
-                        RD_FMT, BLOCK_P, N, RING, HAS_Z)
+            loaded = _pair_load(q, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,
+                                z_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+            _pair_finish(q, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a,
+                         D_a, wbc_b, wc_b, eL_b, D_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z)
     else:  # a queue of the AHEAD + 1 oldest tiles' loads (1 or 2 ahead)
         tl.static_assert((AHEAD <= 2) and (AHEAD < NT), "AHEAD: 1 or 2, fewer than the tiles")
-        q0 = _run_load(0, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b, PC,
-                       RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
-        q1 = _run_load(1, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b, PC,
-                       RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        q0 = _pair_load(0, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b, PC,
+                        RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+        q1 = _pair_load(1, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b, PC,
+                        RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
         if AHEAD == 2:
-            q2 = _run_load(2, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
-                           PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+            q2 = _pair_load(2, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
+                            PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
         for q in tl.static_range(NT):
-            if q == TP:  # the second pair's weights, once the first pair's are done with
-                w2 = _head_weights(wts, b, H, h + 2, offs_r, D_ptr, RB, HAS_D)
-                w3 = _head_weights(wts, b, H, h + 3, offs_r, D_ptr, RB, HAS_D)
-            _run_finish(q, q0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, w0, w1, w2, w3, PC,
-                        RD_FMT, BLOCK_P, N, RING, HAS_Z)
+            _pair_finish(q, q0, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a, D_a,
+                         wbc_b, wc_b, eL_b, D_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z)
             q0 = q1
             if AHEAD == 2:
                 q1 = q2
             if q + AHEAD + 1 < NT:
-                nxt = _run_load(q + AHEAD + 1, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr,
-                                rx_b, x_b, z_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+                nxt = _pair_load(q + AHEAD + 1, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr,
+                                 rx_b, x_b, z_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
                 if AHEAD == 2:
                     q2 = nxt
                 else:
                     q1 = nxt
-    tl.store(rdt_b + c * H + h, dt0)
-    tl.store(rdt_b + c * H + h + 1, dt1)
-    if NPAIR == 2:
-        tl.store(rdt_b + c * H + h + 2, w2[3])
-        tl.store(rdt_b + c * H + h + 3, w3[3])
+    tl.store(rdt_b + c * H + h, dt_a)
+    tl.store(rdt_b + c * H + h + 1, dt_b)
 
 
 @triton.jit
@@ -858,8 +809,8 @@ def m2_out_heads_kernel(
     stream): the clocks are left to :func:`clocks.advance_clocks_kernel`.  ``WORDS``
     (4-bit copies): the codes load as int32 words and each nibble pair becomes fp16 bits
     by two shifts and two masks (:func:`tl_mamba2_fast.word_dot`).  ``PAIRS`` (the
-    headdim, ``HPP`` 2 or 4, ``WEIGHTS``; ``SplitConfig.out_pairs``): each two heads' rows
-    are one run of tiles (:func:`_pair_heads`; ``AHEAD``: its loads that many tiles ahead)."""
+    headdim, ``HPP`` 2, ``WEIGHTS``; ``SplitConfig.out_pairs``): the two heads' rows are
+    one run of tiles (:func:`_pair_heads`; ``AHEAD``: its loads that many tiles ahead)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -908,11 +859,10 @@ def m2_out_heads_kernel(
             BC = tl.sum(rB * C_t[None, :], axis=1)  # entries < c (0 elsewhere)
             BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
         if PAIRS > 0:
-            tl.static_assert(WEIGHTS and ((HPP == 2) or (HPP == 4)),
-                             "PAIRS: two or four heads, weights launch")
+            tl.static_assert(WEIGHTS and (HPP == 2), "PAIRS: two heads, weights launch")
             _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h0, mat0 + h0, P, HP, c, offs_r, mr,
                         rx_b, rdt_b, x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PAIRS, BLOCK_P, N,
-                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS, AHEAD, HPP // 2)
+                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS, AHEAD)
         else:
             for hh in tl.range(0, HPP, num_stages=NS):
                 h = h0 + hh

@@ -175,10 +175,8 @@ class SplitConfig:
     (H200, nano-4b, batch 256, L = 16, output step us: nvfp4 105.7-108.7 -> 99.2-101.2,
     fp8 105.2-106.3 -> 103.8-104.4; with the one-head programs' prefetch distance nvfp4
     stayed at 106.6 and fp8 lost, 121.9); set explicitly, it also takes a headdim that is
-    a multiple of ``block_p`` (two heads' tiles as one run, none shared), and
-    ``heads_per_program`` 4 (two pairs per program, the loads ahead running across
-    them).  ``out_ahead`` (with ``out_pairs``; 0, 1 or 2, fewer than the run's tiles):
-    the loads of the tile
+    a multiple of ``block_p`` (two heads' tiles as one run, none shared).  ``out_ahead``
+    (with ``out_pairs``; 0, 1 or 2, fewer than the run's tiles): the loads of the tile
     that many places later go out before a tile's row dot and stores, so that many
     tiles' bytes are in flight while one is finished; None = 1 for 4-bit copies' pairs
     (at their 128 registers; H200, nano-4b, batch 256, L = 16, nvfp4 output step
@@ -613,8 +611,8 @@ def _check_pairs(cfg: SplitConfig, kind: str, narrow: bool, P: int, bp: int, hpg
     if kind != "heads" or not narrow or cfg.out_weights != "launch":
         raise ValueError("out_pairs needs the 'heads' output launch, a 1-byte or 4-bit read "
                          "copy and out_weights='launch'")
-    if cfg.heads_per_program not in (None, 2, 4):
-        raise ValueError(f"out_pairs takes 2 or 4 heads per program, got "
+    if cfg.heads_per_program not in (None, 2):
+        raise ValueError(f"out_pairs takes 2 heads per program, got "
                          f"{cfg.heads_per_program}")
     if not _pairs_fit(kind, narrow, P, bp, hpg, whole=True):
         raise ValueError(f"out_pairs needs a headdim whose double is a multiple of block_p "
@@ -708,7 +706,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     pairs = cfg.out_pairs
     if pairs is None:  # where it applies and is not excluded; 4-bit copies read as words
         pairs = (_pairs_fit(kind, narrow, P, bp, hpg) and cfg.out_weights == "launch"
-                 and cfg.heads_per_program in (None, 2, 4) and not cfg.tail_tile
+                 and cfg.heads_per_program in (None, 2) and not cfg.tail_tile
                  and not cfg.out_loads_first and (words or not four_bit))
     elif pairs:
         _check_pairs(cfg, kind, narrow, P, bp, hpg)
