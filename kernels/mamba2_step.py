@@ -175,15 +175,15 @@ class SplitConfig:
     (H200, nano-4b, batch 256, L = 16, output step us: nvfp4 105.7-108.7 -> 99.2-101.2,
     fp8 105.2-106.3 -> 103.8-104.4; with the one-head programs' prefetch distance nvfp4
     stayed at 106.6 and fp8 lost, 121.9); set explicitly, it also takes a headdim that is
-    a multiple of ``block_p`` (two heads' tiles as one run, none shared).  ``out_ahead``
-    (with ``out_pairs``; 0, 1 or 2, fewer than the run's tiles): the loads of the tile
-    that many places later go out before a tile's row dot and stores, so that many
-    tiles' bytes are in flight while one is finished; None = 1 for 4-bit copies' pairs
-    (at their 128 registers; H200, nano-4b, batch 256, L = 16, nvfp4 output step
-    101.5-102.9 -> 97.4 us; 2 spills there), else 0 (fp8 copies' pairs fit at 168
-    registers, and lost: 103.6-105.8 -> 106.6-107.2 us; super-120b's 4-bit copy as
-    pairs one tile ahead, 97.9 us, lost to the default two heads with loads first,
-    94.8).
+    a multiple of ``block_p`` (two heads' tiles as one run, none shared).
+    ``out_ahead`` (with ``out_pairs``; 0, 1 or 2, fewer than the pair's tiles): the loads
+    of the tile that many places later go out before a tile's row dot and stores, so
+    that many tiles' bytes are in flight while one is finished; None = 1 for 4-bit
+    copies' pairs, at their 128 registers (H200, nano-4b, batch 256, L = 16, nvfp4 output
+    step 101.5-102.9 -> 97.4 us; two ahead spill there and, at 168 registers, lost:
+    103.9), else 0 (fp8 pairs one ahead fit at 128 registers: 102.2-103.1 against
+    103.6-105.8 us, within the runs' spread; super-120b's 4-bit copy as pairs one
+    ahead, 97.9 us, lost to its default two heads with loads first, 94.8).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 

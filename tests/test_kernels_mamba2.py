@@ -1126,6 +1126,31 @@ def test_out_pairs_settings() -> None:
     assert not _split_defaults(SplitConfig(block_p=16), 80, 128, 96, 8, nv, False).out_pairs
 
 
+@pytest.mark.parametrize("rd", ["fp8-e4m3", "nvfp4"])
+def test_head_pairs_change_no_bit(rd) -> None:
+    """Output programs of one head (two 16-row tiles, the second half masked) and of a
+    pair of heads (three tiles, one shared), the pair's loads 0, 1 or 2 tiles ahead
+    (``SplitConfig.out_pairs``, ``out_ahead``), give the same outputs and stored copies
+    bit for bit over two windows and a flush step: every row is the same row dot, ring
+    sum and gate."""
+    batch, L = 3, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=7)
+    head = HeadParams(params.A, params.D, params.dt_bias)
+    ck = "fp16-sr" if rd == "nvfp4" else "fp32"
+    cfgs = [SplitConfig(out_pairs=False, heads_per_program=1, block_p=16, tail_tile=False)]
+    cfgs += [SplitConfig(out_pairs=True, out_ahead=ahead, block_p=16) for ahead in (0, 1, 2)]
+    res = []
+    for cfg in cfgs:
+        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
+                                     window=L, device=DEV, seed=3, launch="split",
+                                     split_config=cfg)
+        cache.load_state(state0(batch))
+        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
+                          dt_softplus=True).clone() for r in raws]
+        res.append(ys + cache.ckpt.tensors() + cache.read.tensors())
+    assert_runs_same_bits(res)
+
+
 def test_loads_first_rejects_more_than_two_tiles() -> None:
     """``out_loads_first`` unrolls at most two tiles per head besides a tail tile: headdim
     80 in 16-row tiles is refused with a clear message."""
