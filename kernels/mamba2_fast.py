@@ -684,16 +684,26 @@ def _pair_finish(q: tl.constexpr, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co,
         _heads_finish(rows - PC, loaded, h + 1, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL_b,
                       wbc_b, wc_b, D_b, RD_FMT, BT, N, RING, HAS_Z)
     else:
-        codes, s1, s2, rx, xf, z = loaded
-        m = rows < 2 * P
-        a = rows < P
-        xr = ring_round(xf, RING)
-        y = tl.where(a, eL_a, eL_b) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
-        y += tl.where(a, tl.sum(wbc_a[:, None] * rx, axis=0),
-                      tl.sum(wbc_b[:, None] * rx, axis=0))
-        y += tl.where(a, wc_a, wc_b) * xr
-        tl.store(out_b + h * P + rows, gate(y, xf, z, tl.where(a, D_a, D_b), HAS_Z), mask=m)
-        ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
+        _straddle_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a,
+                         D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT, BT, N, RING, HAS_Z)
+
+
+@triton.jit
+def _straddle_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a,
+                     D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT: tl.constexpr, BT: tl.constexpr,
+                     N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
+    """Output rows ``rows`` of heads ``h`` (``rows < P``) and ``h + 1`` (the others, as
+    rows of ``h`` continued) from their loads: each row's ring weights, decay and D
+    from its own head."""
+    codes, s1, s2, rx, xf, z = loaded
+    m = rows < 2 * P
+    a = rows < P
+    xr = ring_round(xf, RING)
+    y = tl.where(a, eL_a, eL_b) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
+    y += tl.where(a, tl.sum(wbc_a[:, None] * rx, axis=0), tl.sum(wbc_b[:, None] * rx, axis=0))
+    y += tl.where(a, wc_a, wc_b) * xr
+    tl.store(out_b + h * P + rows, gate(y, xf, z, tl.where(a, D_a, D_b), HAS_Z), mask=m)
+    ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
 
 
 @triton.jit
@@ -701,7 +711,7 @@ def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_
                 x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PC: tl.constexpr, BLOCK_P: tl.constexpr,
                 N: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
                 HAS_Z: tl.constexpr, HAS_D: tl.constexpr, WORDS: tl.constexpr,
-                AHEAD: tl.constexpr = 0):
+                AHEAD: tl.constexpr = 0, LOOP: tl.constexpr = False, NS: tl.constexpr = 1):
     """Heads ``h`` and ``h + 1`` (headdim ``PC``, not a multiple of ``BLOCK_P``; ``2 PC``
     is) as one run of ``2 PC / BLOCK_P`` tiles: no masked rows, and the tile that holds
     the end of ``h`` and the start of ``h + 1`` takes each row's weights from its head
@@ -713,7 +723,21 @@ def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_
     wbc_a, wc_a, eL_a, dt_a, D_a = _head_weights(wts, b, H, h, offs_r, D_ptr, RB, HAS_D)
     wbc_b, wc_b, eL_b, dt_b, D_b = _head_weights(wts, b, H, h + 1, offs_r, D_ptr, RB, HAS_D)
     NT: tl.constexpr = 2 * PC // BLOCK_P
-    if AHEAD == 0:
+    if LOOP:  # every tile as a straddling one, in a loop (NS stages) instead of unrolled
+        s2_b = 0.0
+        if RD_FMT == K_NVFP4:
+            s2_b = tl.load(rd_s2 + mat + 1)
+        for q in tl.range(0, NT, num_stages=NS):
+            rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
+            codes, s1, s2, rx, xf, z = _rows_load(rows, rows < 2 * P, rd_c, rd_s1, rd_s2, mat,
+                                                  h, P, HP, offs_r, mr, rx_b, x_b, z_b, RD_FMT,
+                                                  BLOCK_P, N, RING, HAS_Z, WORDS)
+            if RD_FMT == K_NVFP4:
+                s2 = tl.where(rows < P, s2, s2_b)[:, None]
+            _straddle_finish(rows, (codes, s1, s2, rx, xf, z), h, P, HP, c, rx_b, out_b, C_t,
+                             Ce, Co, wbc_a, wc_a, eL_a, D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT,
+                             BLOCK_P, N, RING, HAS_Z)
+    elif AHEAD == 0:
         for q in tl.static_range(NT):
             loaded = _pair_load(q, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,
                                 z_b, PC, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
@@ -796,6 +820,7 @@ def m2_out_heads_kernel(
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
     WORDS: tl.constexpr = False, PAIRS: tl.constexpr = 0, AHEAD: tl.constexpr = 0,
+    LOOP: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -862,7 +887,7 @@ def m2_out_heads_kernel(
             tl.static_assert(WEIGHTS and (HPP == 2), "PAIRS: two heads, weights launch")
             _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h0, mat0 + h0, P, HP, c, offs_r, mr,
                         rx_b, rdt_b, x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PAIRS, BLOCK_P, N,
-                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS, AHEAD)
+                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS, AHEAD, LOOP, NS)
         else:
             for hh in tl.range(0, HPP, num_stages=NS):
                 h = h0 + hh

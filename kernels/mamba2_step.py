@@ -215,6 +215,7 @@ class SplitConfig:
     read_encode: str | None = None
     out_pairs: bool | None = None
     out_ahead: int | None = None
+    out_pair_loop: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -683,7 +684,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 0):
             raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
     for name in ("tail_tile", "evict_first", "out_loads_first", "out_words", "flush_tma",
-                 "concurrent_flush", "out_pairs"):
+                 "concurrent_flush", "out_pairs", "out_pair_loop"):
         if getattr(cfg, name) not in (None, True, False):
             raise ValueError(f"{name} must be true, false or unset, got {getattr(cfg, name)!r}")
     if kind not in ("heads", "tiles", "group"):
@@ -710,11 +711,17 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                  and not cfg.out_loads_first and (words or not four_bit))
     elif pairs:
         _check_pairs(cfg, kind, narrow, P, bp, hpg)
+    if cfg.out_pair_loop and not pairs:
+        raise ValueError("out_pair_loop needs out_pairs")
+    if cfg.out_pair_loop and cfg.out_ahead:
+        raise ValueError("out_pair_loop and out_ahead exclude each other (a loop's loads "
+                         "run ahead through its stages)")
     if cfg.out_ahead and not pairs:
         raise ValueError("out_ahead needs out_pairs (two heads' rows as one run of tiles)")
     # a 4-bit copy's pairs: one tile's loads ahead (H200, nano-4b, batch 256, L = 16,
     # nvfp4 output step 101.5-102.9 -> 97.4 us; fp8 copies, at 168 registers, lost)
-    ahead = cfg.out_ahead if cfg.out_ahead is not None else int(bool(pairs) and four_bit)
+    ahead = cfg.out_ahead if cfg.out_ahead is not None else int(
+        bool(pairs) and four_bit and not cfg.out_pair_loop)
     if cfg.out_ahead and (cfg.out_ahead > 2 or cfg.out_ahead >= 2 * P // bp):
         raise ValueError(f"out_ahead takes 1 or 2 tiles, fewer than the {2 * P // bp} tiles "
                          f"of two heads; got {cfg.out_ahead}")
@@ -791,6 +798,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                      else (96 if four_bit else 80)) if narrow_heads else None),
                    out_loads_first=loads_first, out_words=words, flush_tma=tma,
                    out_pairs=pairs, out_ahead=ahead,
+                   out_pair_loop=bool(cfg.out_pair_loop) and pairs,
                    flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
                    flush_maxnreg=fmax,
@@ -952,7 +960,8 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
             LOADS_FIRST=cfg.out_loads_first, CONC=conc, WORDS=cfg.out_words,
-            PAIRS=P if cfg.out_pairs else 0, AHEAD=cfg.out_ahead or 0, **common)
+            PAIRS=P if cfg.out_pairs else 0, AHEAD=cfg.out_ahead or 0,
+            LOOP=bool(cfg.out_pair_loop), **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

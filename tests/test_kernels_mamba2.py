@@ -1089,6 +1089,8 @@ def test_out_words_needs_heads_and_a_4bit_copy(read, cfg) -> None:
     ("nvfp4", SplitConfig(out_ahead=1, block_p=32), "out_ahead needs"),  # 24 < 32
     ("nvfp4", SplitConfig(out_ahead=3, block_p=16), "out_ahead takes 1 or 2"),
     ("nvfp4", SplitConfig(out_ahead=-1, block_p=16), "out_ahead must be an integer"),
+    ("nvfp4", SplitConfig(out_pair_loop=True, out_pairs=False, block_p=16), "needs out_pairs"),
+    ("nvfp4", SplitConfig(out_pair_loop=True, out_ahead=1, block_p=16), "exclude each other"),
 ])
 def test_out_pairs_refuses_what_it_cannot_do(read, cfg, match) -> None:
     """``out_pairs`` needs "heads" programs of two heads with the weights launch and a
@@ -1129,8 +1131,9 @@ def test_out_pairs_settings() -> None:
 @pytest.mark.parametrize("rd", ["fp8-e4m3", "nvfp4"])
 def test_head_pairs_change_no_bit(rd) -> None:
     """Output programs of one head (two 16-row tiles, the second half masked) and of a
-    pair of heads (three tiles, one shared), the pair's loads 0, 1 or 2 tiles ahead
-    (``SplitConfig.out_pairs``, ``out_ahead``), give the same outputs and stored copies
+    pair of heads (three tiles, one shared), the pair's loads 0, 1 or 2 tiles ahead or
+    its tiles in a loop of 1 or 2 stages (``SplitConfig.out_pairs``, ``out_ahead``,
+    ``out_pair_loop``), give the same outputs and stored copies
     bit for bit over two windows and a flush step: every row is the same row dot, ring
     sum and gate."""
     batch, L = 3, 3
@@ -1139,6 +1142,8 @@ def test_head_pairs_change_no_bit(rd) -> None:
     ck = "fp16-sr" if rd == "nvfp4" else "fp32"
     cfgs = [SplitConfig(out_pairs=False, heads_per_program=1, block_p=16, tail_tile=False)]
     cfgs += [SplitConfig(out_pairs=True, out_ahead=ahead, block_p=16) for ahead in (0, 1, 2)]
+    cfgs += [SplitConfig(out_pairs=True, out_pair_loop=True, stages=ns, block_p=16)
+             for ns in (1, 2)]
     res = []
     for cfg in cfgs:
         cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
