@@ -176,14 +176,22 @@ class SplitConfig:
     fp8 105.2-106.3 -> 103.8-104.4; with the one-head programs' prefetch distance nvfp4
     stayed at 106.6 and fp8 lost, 121.9); set explicitly, it also takes a headdim that is
     a multiple of ``block_p`` (two heads' tiles as one run, none shared).
-    ``out_ahead`` (with ``out_pairs``; 0, 1 or 2, fewer than the pair's tiles): the loads
-    of the tile that many places later go out before a tile's row dot and stores, so
-    that many tiles' bytes are in flight while one is finished; None = 1 for 4-bit
-    copies' pairs, at their 128 registers (H200, nano-4b, batch 256, L = 16, nvfp4 output
-    step 101.5-102.9 -> 97.4 us; two ahead spill there and, at 168 registers, lost:
-    103.9), else 0 (fp8 pairs one ahead fit at 128 registers: 102.2-103.1 against
-    103.6-105.8 us, within the runs' spread; super-120b's 4-bit copy as pairs one
-    ahead, 97.9 us, lost to its default two heads with loads first, 94.8).
+    ``out_ahead`` (with ``out_pairs``; 0, 1 or 2, fewer than the pair's tiles): the loads of
+    the tile that many places later go out before a tile's row dot and stores, so that many
+    tiles' bytes are in flight while one is finished; None = 1 for 4-bit copies' pairs
+    unrolled, at their 128 registers (H200, nano-4b, batch 256, L = 16, nvfp4 output step
+    101.5-102.9 -> 97.4 us; two ahead spill there and, at 168 registers, lost: 103.9), else
+    0 (fp8 pairs one ahead fit at 128 registers: 102.2-103.1 against 103.6-105.8 us, within
+    the runs' spread; super-120b's 4-bit copy as pairs one ahead, 97.9 us, lost to its
+    default two heads with loads first, 94.8); 0 where ``out_pair_loop`` runs, and set (0
+    too) it unrolls the pair. ``out_pair_loop`` (with ``out_pairs``): the pair's tiles in a
+    ``tl.range`` loop of ``stages`` stages (the tile loads become asynchronous copies into
+    shared memory, issued stages - 1 tiles ahead), every tile computed as one that straddles
+    the two heads (per-row weights), instead of unrolled: a third of the code; None = on,
+    with 3 stages, for 4-bit copies (H200, nano-4b, batch 256, L = 16, nvfp4 output step
+    96.2-97.4 us unrolled one tile ahead -> 91.2; 1 / 2 stages 97.1 / 98.9), else off (fp8:
+    2 stages 102.8 against 103.1-104.4; super-120b's 4-bit copy as a pair loop of 2 stages
+    105.3 against its two heads with loads first, 94.9).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -716,12 +724,16 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.out_pair_loop and cfg.out_ahead:
         raise ValueError("out_pair_loop and out_ahead exclude each other (a loop's loads "
                          "run ahead through its stages)")
+    # a 4-bit copy's pairs: their tiles in a loop of 3 stages (H200, nano-4b, batch 256,
+    # L = 16, nvfp4 output step 96.2-97.4 us unrolled one tile ahead -> 91.2)
+    pair_loop = (cfg.out_pair_loop if cfg.out_pair_loop is not None
+                 else bool(pairs) and four_bit and cfg.out_ahead is None)
     if cfg.out_ahead and not pairs:
         raise ValueError("out_ahead needs out_pairs (two heads' rows as one run of tiles)")
-    # a 4-bit copy's pairs: one tile's loads ahead (H200, nano-4b, batch 256, L = 16,
-    # nvfp4 output step 101.5-102.9 -> 97.4 us; fp8 copies, at 168 registers, lost)
+    # a 4-bit copy's pairs unrolled (out_pair_loop false): one tile's loads ahead (H200,
+    # nano-4b, batch 256, L = 16, nvfp4 output step 101.5-102.9 -> 97.4 us)
     ahead = cfg.out_ahead if cfg.out_ahead is not None else int(
-        bool(pairs) and four_bit and not cfg.out_pair_loop)
+        bool(pairs) and four_bit and not pair_loop)
     if cfg.out_ahead and (cfg.out_ahead > 2 or cfg.out_ahead >= 2 * P // bp):
         raise ValueError(f"out_ahead takes 1 or 2 tiles, fewer than the {2 * P // bp} tiles "
                          f"of two heads; got {cfg.out_ahead}")
@@ -787,7 +799,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     return replace(cfg, out_kernel=kind, block_p=bp, tail_tile=use_tail,
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
-                   stages=cfg.stages or (1 if kind == "heads" else 2),
+                   stages=cfg.stages or (3 if pair_loop and pairs else
+                                         1 if kind == "heads" else 2),
                    flush_stages=cfg.flush_stages or (2 if tma else 1 if need_amax or fw == 1
                                                      else 2 if fw < 4 else 3),
                    flush_warps=fw,
@@ -798,7 +811,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                      else (96 if four_bit else 80)) if narrow_heads else None),
                    out_loads_first=loads_first, out_words=words, flush_tma=tma,
                    out_pairs=pairs, out_ahead=ahead,
-                   out_pair_loop=bool(cfg.out_pair_loop) and pairs,
+                   out_pair_loop=bool(pair_loop and pairs),
                    flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
                    flush_maxnreg=fmax,

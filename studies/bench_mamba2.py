@@ -92,8 +92,9 @@ CANDIDATES: dict[str, list] = {
     # out_pairs (twenty-eighth run, nano-4b): two heads per program, 80 + 80 rows as five
     # 32-row tiles, none masked, without prefetch: nvfp4 output 105.7-108.7 -> 99.2-101.2
     # us, fp8 105.2-106.3 -> 103.8-104.4.  The first candidates leave heads per program
-    # to the library (two where headdim pairs so, else one).  out_ahead (twenty-ninth
-    # run): a 4-bit copy's pairs load one tile ahead, nvfp4 output 101.5-102.9 -> 97.4
+    # to the library (two where headdim pairs so, else one).  Twenty-ninth run: a 4-bit
+    # copy's pairs one tile ahead (out_ahead), nvfp4 output 101.5-102.9 -> 97.4 us; as a
+    # loop of 3 stages (out_pair_loop, the default), 91.2
     "split-fp32-fp8": [
         {**_H1, "stages": 1},  # "launch", the default cap
         {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},

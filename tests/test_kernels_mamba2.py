@@ -1108,17 +1108,20 @@ def test_out_pairs_refuses_what_it_cannot_do(read, cfg, match) -> None:
 def test_out_pairs_settings() -> None:
     """nemotron-3-nano-4b's headdim of 80 runs as two heads per program in 32-row tiles
     (the default, as with ``out_pairs`` set), without tail tile, loads first or L2
-    prefetch, at 128 registers for 4-bit copies (their loads one tile ahead) and 80 for
-    1-byte ones; ``out_pairs`` false gives one head per program; headdim 64 and 16-row
-    tiles never pair by default."""
-    for fmt, regs, ahead in (("nvfp4", 128, 1), ("fp8-e4m3", 80, 0)):
+    prefetch, at 128 registers for 4-bit copies (their tiles in a loop of 3 stages; one
+    tile ahead where unrolled) and 80 for 1-byte ones; ``out_pairs`` false gives one head
+    per program; headdim 64 and 16-row tiles never pair by default."""
+    for fmt, regs, loop, stages in (("nvfp4", 128, True, 3), ("fp8-e4m3", 80, False, 1)):
         for cfg in (SplitConfig(), SplitConfig(out_pairs=True)):
             c = _split_defaults(cfg, 80, 128, 96, 8, format_id(fmt), False)
             assert (c.heads_per_program, c.block_p, c.tail_tile, c.out_loads_first,
-                    c.maxnreg, c.out_prefetch, c.out_pairs, c.out_ahead) == (
-                        2, 32, False, False, regs, 0, True, ahead)
+                    c.maxnreg, c.out_prefetch, c.out_pairs, c.out_ahead, c.out_pair_loop,
+                    c.stages) == (2, 32, False, False, regs, 0, True, 0, loop, stages)
         c = _split_defaults(SplitConfig(out_ahead=2), 80, 128, 96, 8, format_id(fmt), False)
-        assert (c.out_pairs, c.out_ahead) == (True, 2)
+        assert (c.out_pairs, c.out_ahead, c.out_pair_loop, c.stages) == (True, 2, False, 1)
+        c = _split_defaults(SplitConfig(out_pair_loop=False), 80, 128, 96, 8, format_id(fmt),
+                            False)
+        assert (c.out_ahead, c.out_pair_loop) == (int(fmt == "nvfp4"), False)
         c = _split_defaults(SplitConfig(out_pairs=False), 80, 128, 96, 8, format_id(fmt),
                             False)
         assert (c.heads_per_program, c.out_pairs, c.out_prefetch, c.out_ahead) == (
