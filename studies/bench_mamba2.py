@@ -96,12 +96,12 @@ CANDIDATES: dict[str, list] = {
     # copy's pairs one tile ahead (out_ahead), nvfp4 output 101.5-102.9 -> 97.4 us; as a
     # loop of 3 stages (out_pair_loop, the default), 91.2
     "split-fp32-fp8": [
-        {**_H1, "stages": 1},  # "launch", the default cap
+        {**_H1},  # the library's stages, register cap and heads per program
         {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
         {**_H1, "heads_per_program": 1, "stages": 1, "maxnreg": 80, "out_loads_first": False},
     ],
     "split-fp16sr-nvfp4": [  # (the flush keys: FLUSH_CANDIDATES)
-        {**_H1, "stages": 1},  # "launch", the default cap
+        {**_H1},  # the library's stages (3 for a pair loop), cap and heads per program
         {**_H1, "heads_per_program": 1, "stages": 1, "out_prefetch": 0},
         {**_H1, "heads_per_program": 1, "stages": 1, "out_words": False},
     ],
