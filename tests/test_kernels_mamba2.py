@@ -841,18 +841,26 @@ def test_prefetch_changes_no_bit(ck, rd) -> None:
     batch, L = 48, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=5)
     head = HeadParams(params.A, params.D, params.dt_bias)
+    cfgs = [SplitConfig(flush_prefetch=pf, out_prefetch=po, evict_first=ev,
+                        flush_ctas_per_sm=1, out_kernel="heads")
+            for pf, po, ev in ((0, 0, False), (1, 3, True), (2, 64, True))]
+    assert_runs_same_bits(_split_runs(cfgs, ck, rd, head, raws, state0(batch), L))
+
+
+def _split_runs(cfgs: list[SplitConfig], ck: str, rd: str | None, head: HeadParams,
+                raws: list[dict], S0: torch.Tensor, L: int) -> list[list[torch.Tensor]]:
+    """For each split launch configuration, the outputs of ``raws`` from state ``S0``
+    and the stored copies after them (:func:`assert_runs_same_bits`' runs)."""
     res = []
-    for pf, po, ev in ((0, 0, False), (1, 3, True), (2, 64, True)):
-        cfg = SplitConfig(flush_prefetch=pf, out_prefetch=po, evict_first=ev,
-                          flush_ctas_per_sm=1, out_kernel="heads")
-        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
-                                     window=L, device=DEV, seed=3, launch="split",
-                                     split_config=cfg)
-        cache.load_state(state0(batch))
+    for cfg in cfgs:
+        cache = Mamba2Cache.allocate(S0.shape[0], H, S0.shape[2], N, G, checkpoint_format=ck,
+                                     read_format=rd, window=L, device=DEV, seed=3,
+                                     launch="split", split_config=cfg)
+        cache.load_state(S0)
         ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
                           dt_softplus=True).clone() for r in raws]
         res.append(ys + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
-    assert_runs_same_bits(res)
+    return res
 
 
 PRESET32 = Preset("kernel-test-32", "mamba2", H, 32, N, G, 1, "headdim 32: whole chunks")
@@ -876,19 +884,11 @@ def test_flush_tma_changes_no_bit(ck, rd) -> None:
     one and two pipeline stages) give the same outputs, checkpoints and read copies as
     plain loads: headdim 32 (two 16-row chunks), fewer persistent programs than units,
     two windows and a flush step."""
-    batch, L, P32 = 3, 3, 32
+    batch, L = 3, 3
     head, raws, S0 = _headdim32_problem(batch, L, seed=5, state_seed=4)
-    res = []
-    for tma, stages in ((False, 1), (True, 1), (True, 2)):
-        cfg = SplitConfig(flush_tma=tma, flush_stages=stages, flush_ctas_per_sm=1)
-        cache = Mamba2Cache.allocate(batch, H, P32, N, G, checkpoint_format=ck, read_format=rd,
-                                     window=L, device=DEV, seed=3, launch="split",
-                                     split_config=cfg)
-        cache.load_state(S0)
-        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
-                          dt_softplus=True).clone() for r in raws]
-        res.append(ys + cache.ckpt.tensors() + (cache.read or cache.ckpt).tensors())
-    assert_runs_same_bits(res)
+    cfgs = [SplitConfig(flush_tma=tma, flush_stages=stages, flush_ctas_per_sm=1)
+            for tma, stages in ((False, 1), (True, 1), (True, 2))]
+    assert_runs_same_bits(_split_runs(cfgs, ck, rd, head, raws, S0, L))
 
 
 @pytest.mark.parametrize("ck,rd", [("fp32", None), ("fp32", "fp8-e4m3"), ("fp16-sr", "nvfp4")])
@@ -1147,16 +1147,7 @@ def test_head_pairs_change_no_bit(rd) -> None:
     cfgs += [SplitConfig(out_pairs=True, out_ahead=ahead, block_p=16) for ahead in (0, 1, 2)]
     cfgs += [SplitConfig(out_pairs=True, out_pair_loop=True, stages=ns, block_p=16)
              for ns in (1, 2)]
-    res = []
-    for cfg in cfgs:
-        cache = Mamba2Cache.allocate(batch, H, P, N, G, checkpoint_format=ck, read_format=rd,
-                                     window=L, device=DEV, seed=3, launch="split",
-                                     split_config=cfg)
-        cache.load_state(state0(batch))
-        ys = [mamba2_step(cache, r["x"], r["dt_raw"], r["B"], r["C"], head, z=r["z"],
-                          dt_softplus=True).clone() for r in raws]
-        res.append(ys + cache.ckpt.tensors() + cache.read.tensors())
-    assert_runs_same_bits(res)
+    assert_runs_same_bits(_split_runs(cfgs, ck, rd, head, raws, state0(batch), L))
 
 
 def test_loads_first_rejects_more_than_two_tiles() -> None:
