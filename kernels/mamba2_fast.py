@@ -52,7 +52,9 @@ nothing; the step's ring appends (x rows, dt per head, B per group) happen here.
   of the program ``PFO`` launches later.  With ``PAIRS`` (``out_pairs``) a program
   takes two heads whose rows, one run of tiles, fill every tile (headdim 80 in 32-row
   tiles), the tile they share taking each row's weights from its own head; with
-  ``AHEAD`` (``out_ahead``) the run's loads go one or two tiles ahead.  One-warp
+  ``AHEAD`` (``out_ahead``) the unrolled run's loads go one or two tiles ahead, with
+  ``LOOP`` (``out_pair_loop``, the default for 4-bit copies) the run is a pipelined
+  loop whose tile loads are asynchronous copies issued ``NS - 1`` tiles ahead.  One-warp
   programs: the H200 sweeps showed the tile loop issue-bound, and the per-row and
   per-entry vector work of a 4-warp program is repeated by every warp.
 * "tiles" (:func:`m2_out_kernel`): grid ``(H * NPB / TPP, batch)``, a pipelined loop
@@ -719,7 +721,10 @@ def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_
     instead of 6, a sixth of them masked rows (a headdim that is a multiple of
     ``BLOCK_P`` runs as its heads' tiles, none shared).  ``AHEAD`` (1 or 2): the loads of
     the tile that many places later go out before a tile's row dot and stores, so that
-    many tiles' bytes are in flight behind the one being finished."""
+    many tiles' bytes are in flight behind the one being finished.  ``LOOP``: the tiles
+    in a ``tl.range`` loop of ``NS`` stages instead (its loads become asynchronous copies
+    into shared memory), each computed as a straddling tile (:func:`_straddle_finish`):
+    the same bits, a third of the code."""
     wbc_a, wc_a, eL_a, dt_a, D_a = _head_weights(wts, b, H, h, offs_r, D_ptr, RB, HAS_D)
     wbc_b, wc_b, eL_b, dt_b, D_b = _head_weights(wts, b, H, h + 1, offs_r, D_ptr, RB, HAS_D)
     NT: tl.constexpr = 2 * PC // BLOCK_P
@@ -835,7 +840,8 @@ def m2_out_heads_kernel(
     (4-bit copies): the codes load as int32 words and each nibble pair becomes fp16 bits
     by two shifts and two masks (:func:`tl_mamba2_fast.word_dot`).  ``PAIRS`` (the
     headdim, ``HPP`` 2, ``WEIGHTS``; ``SplitConfig.out_pairs``): the two heads' rows are
-    one run of tiles (:func:`_pair_heads`; ``AHEAD``: its loads that many tiles ahead)."""
+    one run of tiles (:func:`_pair_heads`; ``AHEAD``: its loads that many tiles ahead;
+    ``LOOP``: a loop of ``NS`` stages)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
