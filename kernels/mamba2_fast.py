@@ -661,13 +661,35 @@ def _pair_load(q: tl.constexpr, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, r
         loaded = _heads_load(rows - PC, rd_c, rd_s1, rd_s2, mat + 1, h + 1, P, HP, offs_r, mr,
                              rx_b, x_b, z_b, RD_FMT, BT, N, RING, HAS_Z, WORDS)
     else:
-        codes, s1, s2, rx, xf, z = _rows_load(rows, rows < 2 * P, rd_c, rd_s1, rd_s2, mat, h,
-                                              P, HP, offs_r, mr, rx_b, x_b, z_b, RD_FMT, BT,
-                                              N, RING, HAS_Z, WORDS)
-        if RD_FMT == K_NVFP4:
-            s2 = tl.where(rows < P, s2, tl.load(rd_s2 + mat + 1))[:, None]
-        loaded = (codes, s1, s2, rx, xf, z)
+        loaded = _straddle_load(rows, None, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr,
+                                rx_b, x_b, z_b, RD_FMT, BT, N, RING, HAS_Z, WORDS)
     return loaded
+
+
+@triton.jit
+def _next_scale(rd_s2, mat, RD_FMT: tl.constexpr):
+    """The nvfp4 matrix scale of the head after ``mat`` (0 for other formats)."""
+    s2_b = 0.0
+    if RD_FMT == K_NVFP4:
+        s2_b = tl.load(rd_s2 + mat + 1)
+    return s2_b
+
+
+@triton.jit
+def _straddle_load(rows, s2_b, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b, z_b,
+                   RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr,
+                   RING: tl.constexpr, HAS_Z: tl.constexpr, WORDS: tl.constexpr):
+    """The loads of rows ``rows`` of head ``h`` continued into ``h + 1`` (rows from ``P``
+    on), an nvfp4 copy's matrix scale per row (``s2_b``: :func:`_next_scale`, loaded here
+    behind the rows where None)."""
+    codes, s1, s2, rx, xf, z = _rows_load(rows, rows < 2 * P, rd_c, rd_s1, rd_s2, mat, h, P,
+                                          HP, offs_r, mr, rx_b, x_b, z_b, RD_FMT, BT, N, RING,
+                                          HAS_Z, WORDS)
+    if s2_b is None:
+        s2_b = _next_scale(rd_s2, mat, RD_FMT)
+    if RD_FMT == K_NVFP4:
+        s2 = tl.where(rows < P, s2, s2_b)[:, None]
+    return codes, s1, s2, rx, xf, z
 
 
 @triton.jit
@@ -729,19 +751,13 @@ def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_
     wbc_b, wc_b, eL_b, dt_b, D_b = _head_weights(wts, b, H, h + 1, offs_r, D_ptr, RB, HAS_D)
     NT: tl.constexpr = 2 * PC // BLOCK_P
     if LOOP:  # every tile as a straddling one, in a loop (NS stages) instead of unrolled
-        s2_b = 0.0
-        if RD_FMT == K_NVFP4:
-            s2_b = tl.load(rd_s2 + mat + 1)
+        s2_b = _next_scale(rd_s2, mat, RD_FMT)
         for q in tl.range(0, NT, num_stages=NS):
             rows = q * BLOCK_P + tl.arange(0, BLOCK_P)
-            codes, s1, s2, rx, xf, z = _rows_load(rows, rows < 2 * P, rd_c, rd_s1, rd_s2, mat,
-                                                  h, P, HP, offs_r, mr, rx_b, x_b, z_b, RD_FMT,
-                                                  BLOCK_P, N, RING, HAS_Z, WORDS)
-            if RD_FMT == K_NVFP4:
-                s2 = tl.where(rows < P, s2, s2_b)[:, None]
-            _straddle_finish(rows, (codes, s1, s2, rx, xf, z), h, P, HP, c, rx_b, out_b, C_t,
-                             Ce, Co, wbc_a, wc_a, eL_a, D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT,
-                             BLOCK_P, N, RING, HAS_Z)
+            loaded = _straddle_load(rows, s2_b, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr,
+                                    rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
+            _straddle_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a,
+                             eL_a, D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
     elif AHEAD == 0:
         for q in tl.static_range(NT):
             loaded = _pair_load(q, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,

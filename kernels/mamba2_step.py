@@ -726,8 +726,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                          "run ahead through its stages)")
     # a 4-bit copy's pairs: their tiles in a loop of 3 stages (H200, nano-4b, batch 256,
     # L = 16, nvfp4 output step 96.2-97.4 us unrolled one tile ahead -> 91.2)
-    pair_loop = (cfg.out_pair_loop if cfg.out_pair_loop is not None
-                 else bool(pairs) and four_bit and cfg.out_ahead is None)
+    pair_loop = bool(cfg.out_pair_loop if cfg.out_pair_loop is not None
+                     else pairs and four_bit and cfg.out_ahead is None)
     if cfg.out_ahead and not pairs:
         raise ValueError("out_ahead needs out_pairs (two heads' rows as one run of tiles)")
     # a 4-bit copy's pairs unrolled (out_pair_loop false): one tile's loads ahead (H200,
@@ -799,8 +799,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     return replace(cfg, out_kernel=kind, block_p=bp, tail_tile=use_tail,
                    num_warps=nw, heads_per_program=hpp,
                    tiles_per_program=tpp, flush_chunks=fc,
-                   stages=cfg.stages or (3 if pair_loop and pairs else
-                                         1 if kind == "heads" else 2),
+                   stages=cfg.stages or (3 if pair_loop else 1 if kind == "heads" else 2),
                    flush_stages=cfg.flush_stages or (2 if tma else 1 if need_amax or fw == 1
                                                      else 2 if fw < 4 else 3),
                    flush_warps=fw,
@@ -811,7 +810,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                      else (96 if four_bit else 80)) if narrow_heads else None),
                    out_loads_first=loads_first, out_words=words, flush_tma=tma,
                    out_pairs=pairs, out_ahead=ahead,
-                   out_pair_loop=bool(pair_loop and pairs),
+                   out_pair_loop=pair_loop,
                    flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
                    flush_maxnreg=fmax,
