@@ -39,8 +39,7 @@ from precisionlab.kernels.read_encode import encodes_apart  # noqa: E402
 from precisionlab.presets import get_preset  # noqa: E402
 
 SETTINGS = {"rows": "ENCODE_ROWS", "warps": "ENCODE_WARPS", "ctas": "ENCODE_CTAS_PER_SM",
-            "regs": "ENCODE_MAXNREG", "amax_bits": "ENCODE_AMAX_BITS",
-            "beside": "ENCODE_BESIDE"}
+            "regs": "ENCODE_MAXNREG", "amax_bits": "ENCODE_AMAX_BITS"}
 """``--setting`` keys and the ``read_encode`` module settings they set."""
 AT = ("launch", "flush")
 """Values of the ``at`` key: where the copy is encoded (the design's ``read_encode``)."""
@@ -66,9 +65,9 @@ def parse_setting(text: str) -> dict[str, int | str]:
     if out.get("rows", 0) < 0 or out.get("rows", 16) % 16 or out.get("warps", 1) not in (
             1, 2, 4, 8, 16) or out.get("ctas", 1) < 1 or not (
             out.get("regs", 0) == 0 or 24 <= out.get("regs", 0) <= 255) or out.get(
-            "amax_bits", 0) not in (0, 1) or out.get("beside", 0) not in (0, 1):
+            "amax_bits", 0) not in (0, 1):
         raise ValueError("rows must be 0 or a multiple of 16, warps 1, 2, 4, 8 or 16, "
-                         "ctas >= 1, regs 0 or 24-255, amax_bits and beside 0 or 1")
+                         "ctas >= 1, regs 0 or 24-255, amax_bits 0 or 1")
     return out
 
 

@@ -98,7 +98,7 @@ from .codec import as_int32
 from .gdn_flush import _commit_counters, _flush_kernel
 from .gdn_step import _conventional_kernel, _out_kernel, _prep_kernel, _replay_kernel
 from .gdn_verify import _verify_kernel, _vout_kernel, _vout_mm_kernel, _vprep_kernel
-from .read_encode import encode_read_copies, encodes_apart, flush_and_encode
+from .read_encode import encode_read_copies, encodes_apart
 from .state import DENSE_FORMATS, StateStore, split_unsupported
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NONE, compiled_on
@@ -868,35 +868,27 @@ class GDNReplayCache:
         else:
             grid = (max(1, min(units, self.n_sm * self.flush_ctas_per_sm)),)
         scr = self._flush_scratch(grid[0], B)
-
-        def launch() -> None:
-            self.compiled["flush"] = _flush_kernel[grid](
-                q, k, v, a, b, A_log, dt_bias, state_indices, accepted, self._skip_flags(B),
-                out, *c.kernel_args(), *fargs, self.ring_k, self.ring_v, self.ring_g,
-                self.ring_beta, self.ring_kk, self.counters.ring_len, self.counters.steps,
-                self.counters.tickets, self.fresh if self.fresh is not None else self.ring_g,
-                scr if scr is not None else self.ring_g, as_int32(self.seed), B,
-                self.HK, self.HV, self.K, self.V, self.BV, self.FB, self.flush_stages, self.L,
-                self.R, self.RP,
-                self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
-                self.ring_id, self.fresh is not None, commit, self.dot, not self.flush_licm,
-                self.flush_grid == "units", scr is not None, self.fast_encode,
-                self.flush_prefetch if compiled_on(q.device) else 0,
-                self.ckpt.rows_descriptor(self.FB) if self.flush_tma else None,
-                self.flush_tma, self.hw_fp8 and compiled_on(q.device), self.num_warps == 1,
-                self._flush_work, self.flush_grid == "dynamic", self.flush_ring_ahead,
-                self.flush_evict, num_warps=self.num_warps, maxnreg=self.maxnreg,
-            )
-
-        def encode() -> None:
+        self.compiled["flush"] = _flush_kernel[grid](
+            q, k, v, a, b, A_log, dt_bias, state_indices, accepted, self._skip_flags(B), out,
+            *c.kernel_args(), *fargs, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
+            self.ring_kk, self.counters.ring_len, self.counters.steps, self.counters.tickets,
+            self.fresh if self.fresh is not None else self.ring_g,
+            scr if scr is not None else self.ring_g, as_int32(self.seed), B,
+            self.HK, self.HV, self.K, self.V, self.BV, self.FB, self.flush_stages, self.L, self.R,
+            self.RP,
+            self.LOG2RP, _pow2_at_least(B, 256), self.programs_per_slot, c.fmt_id, f_id,
+            self.ring_id, self.fresh is not None, commit, self.dot, not self.flush_licm,
+            self.flush_grid == "units", scr is not None, self.fast_encode,
+            self.flush_prefetch if compiled_on(q.device) else 0,
+            self.ckpt.rows_descriptor(self.FB) if self.flush_tma else None, self.flush_tma,
+            self.hw_fp8 and compiled_on(q.device), self.num_warps == 1, self._flush_work,
+            self.flush_grid == "dynamic", self.flush_ring_ahead, self.flush_evict,
+            num_warps=self.num_warps, maxnreg=self.maxnreg,
+        )
+        if apart:
             self.compiled["encode"] = encode_read_copies(
                 c, self.read, self.counters.tickets, state_indices, self.L,
                 self.programs_per_slot, self.n_sm)
-
-        if apart:
-            flush_and_encode(q.device, launch, encode)
-        else:
-            launch()
 
     def verify(self, q, k, v, a, b, A_log, dt_bias, state_indices, out=None) -> torch.Tensor:
         """Outputs of T drafts per sequence: q, k (B, T, HK, K), v (B, T, HV, V),

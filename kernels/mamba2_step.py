@@ -26,7 +26,7 @@ from .mamba2_fast import (
     m2_weights_kernel,
 )
 from .mamba2_kernel import MODE_STEP, mamba2_kernel
-from .read_encode import encode_read_copies, encodes_apart, flush_and_encode
+from .read_encode import encode_read_copies, encodes_apart
 from .state import DENSE_FORMATS, StateStore, split_unsupported
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
 from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
@@ -894,13 +894,6 @@ def launch_split_step(
     bp_rows = max(16, triton.next_power_of_2(batch))  # the batch's rows as one vector
 
     def flush() -> None:
-        if apart:
-            flush_and_encode(x.device, flush_launch, lambda: encode_read_copies(
-                ckpt, read, cache.tickets, state_indices, L, 1, _sm_count(x.device)))
-        else:
-            flush_launch()
-
-    def flush_launch() -> None:
         m2_flush_kernel[(nprog,)](
             *ckpt.kernel_args(), *fd.kernel_args(),
             cache.fresh if cache.fresh is not None else ckpt.codes,
@@ -920,6 +913,9 @@ def launch_split_step(
             work=cache.flush_work if claim else cache.pos, CLAIM=claim,
             num_warps=cfg.flush_warps, **flags, **extra,
         )
+        if apart:
+            encode_read_copies(ckpt, read, cache.tickets, state_indices, L, 1,
+                               _sm_count(x.device))
 
     def advance() -> None:  # behind the flush and the weights launch
         advance_clocks_kernel[(1,)](cache.tickets, state_indices, batch, STEP=1, BP=bp_rows,

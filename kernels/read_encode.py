@@ -50,9 +50,6 @@ ENCODE_WARPS = 0
 """Warps per program of the encode launch (0: :func:`encode_programs`)."""
 ENCODE_MAXNREG = 0
 """Register cap per thread of the encode launch (0: the compiler's choice)."""
-ENCODE_BESIDE = False
-"""Timing trial only (wrong bits): the encode launch on a side stream beside the flush
-launch instead of behind it, to bound what overlapping the two could gain."""
 ENCODE_AMAX_BITS = True
 """nvfp4 copies of matrices encoded in chunks: the amax pass takes the largest magnitude
 from the checkpoint's stored bits (:func:`amax_bits_pass`) instead of from decoded
@@ -186,26 +183,6 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, c_words, f
                 store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0,
                                  amax, F_FMT, FB, N, True)
         u += G
-
-
-_SIDE: dict = {}
-
-
-def flush_and_encode(device, flush, encode) -> None:
-    """``flush()`` then ``encode()`` (both launch on the current stream); with
-    :data:`ENCODE_BESIDE` on a GPU, ``encode()`` on a side stream beside the flush (a
-    fork and a join; a timing trial: the encode reads rows the flush is writing)."""
-    if not (ENCODE_BESIDE and device.type == "cuda"):
-        flush()
-        encode()
-        return
-    main = torch.cuda.current_stream(device)
-    side = _SIDE.setdefault(str(device), torch.cuda.Stream(device=device))
-    side.wait_stream(main)
-    flush()
-    with torch.cuda.stream(side):
-        encode()
-    main.wait_stream(side)
 
 
 def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indices,
