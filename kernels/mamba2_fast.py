@@ -100,10 +100,8 @@ from .tl_formats import (
 )
 from .tl_mamba2_fast import (
     TWO63,
-    c_operand,
     fold_dot,
     row_dot,
-    row_dot_mma,
     store_fast,
     store_read_fast,
     store_rounded_fast,
@@ -717,21 +715,15 @@ def _pair_finish(q: tl.constexpr, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co,
 @triton.jit
 def _straddle_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a, eL_a,
                      D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT: tl.constexpr, BT: tl.constexpr,
-                     N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr, KC=None,
-                     inv=1.0):
+                     N: tl.constexpr, RING: tl.constexpr, HAS_Z: tl.constexpr):
     """Output rows ``rows`` of heads ``h`` (``rows < P``) and ``h + 1`` (the others, as
     rows of ``h`` continued) from their loads: each row's ring weights, decay and D
-    from its own head.  ``KC``, ``inv`` (an nvfp4 copy read as words): the row dot on
-    the tensor cores (:func:`tl_mamba2_fast.row_dot_mma`)."""
+    from its own head."""
     codes, s1, s2, rx, xf, z = loaded
     m = rows < 2 * P
     a = rows < P
     xr = ring_round(xf, RING)
-    if KC is None:
-        dot = row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
-    else:
-        dot = row_dot_mma(codes, s1, s2, KC, inv, BT, N)
-    y = tl.where(a, eL_a, eL_b) * dot
+    y = tl.where(a, eL_a, eL_b) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
     y += tl.where(a, tl.sum(wbc_a[:, None] * rx, axis=0), tl.sum(wbc_b[:, None] * rx, axis=0))
     y += tl.where(a, wc_a, wc_b) * xr
     tl.store(out_b + h * P + rows, gate(y, xf, z, tl.where(a, D_a, D_b), HAS_Z), mask=m)
@@ -743,8 +735,7 @@ def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_
                 x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PC: tl.constexpr, BLOCK_P: tl.constexpr,
                 N: tl.constexpr, RB: tl.constexpr, RD_FMT: tl.constexpr, RING: tl.constexpr,
                 HAS_Z: tl.constexpr, HAS_D: tl.constexpr, WORDS: tl.constexpr,
-                AHEAD: tl.constexpr = 0, LOOP: tl.constexpr = False, NS: tl.constexpr = 1,
-                KC=None, inv=1.0):
+                AHEAD: tl.constexpr = 0, LOOP: tl.constexpr = False, NS: tl.constexpr = 1):
     """Heads ``h`` and ``h + 1`` (headdim ``PC``, not a multiple of ``BLOCK_P``; ``2 PC``
     is) as one run of ``2 PC / BLOCK_P`` tiles: no masked rows, and the tile that holds
     the end of ``h`` and the start of ``h + 1`` takes each row's weights from its head
@@ -755,8 +746,7 @@ def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_
     many tiles' bytes are in flight behind the one being finished.  ``LOOP``: the tiles
     in a ``tl.range`` loop of ``NS`` stages instead (its loads become asynchronous copies
     into shared memory), each computed as a straddling tile (:func:`_straddle_finish`):
-    the same bits, a third of the code; ``KC``, ``inv``: its row dots on the tensor cores
-    (:func:`_straddle_finish`)."""
+    the same bits, a third of the code."""
     wbc_a, wc_a, eL_a, dt_a, D_a = _head_weights(wts, b, H, h, offs_r, D_ptr, RB, HAS_D)
     wbc_b, wc_b, eL_b, dt_b, D_b = _head_weights(wts, b, H, h + 1, offs_r, D_ptr, RB, HAS_D)
     NT: tl.constexpr = 2 * PC // BLOCK_P
@@ -767,8 +757,7 @@ def _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h, mat, P, HP, c, offs_r, mr, rx_
             loaded = _straddle_load(rows, s2_b, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr,
                                     rx_b, x_b, z_b, RD_FMT, BLOCK_P, N, RING, HAS_Z, WORDS)
             _straddle_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a, wc_a,
-                             eL_a, D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT, BLOCK_P, N, RING, HAS_Z,
-                             KC, inv)
+                             eL_a, D_a, wbc_b, wc_b, eL_b, D_b, RD_FMT, BLOCK_P, N, RING, HAS_Z)
     elif AHEAD == 0:
         for q in tl.static_range(NT):
             loaded = _pair_load(q, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b,
@@ -852,7 +841,7 @@ def m2_out_heads_kernel(
     DT_SOFTPLUS: tl.constexpr, TAIL: tl.constexpr = 0, wts=None, WEIGHTS: tl.constexpr = False,
     PFO: tl.constexpr = 0, LOADS_FIRST: tl.constexpr = False, CONC: tl.constexpr = False,
     WORDS: tl.constexpr = False, PAIRS: tl.constexpr = 0, AHEAD: tl.constexpr = 0,
-    LOOP: tl.constexpr = False, MMA: tl.constexpr = False,
+    LOOP: tl.constexpr = False,
 ):
     """Output launch, one program per ``HPP`` heads (of one B/C group) of a batch row:
     per head (a ``tl.range`` pipeline over heads) one coefficient per ring entry (the
@@ -868,8 +857,7 @@ def m2_out_heads_kernel(
     by two shifts and two masks (:func:`tl_mamba2_fast.word_dot`).  ``PAIRS`` (the
     headdim, ``HPP`` 2, ``WEIGHTS``; ``SplitConfig.out_pairs``): the two heads' rows are
     one run of tiles (:func:`_pair_heads`; ``AHEAD``: its loads that many tiles ahead;
-    ``LOOP``: a loop of ``NS`` stages; ``MMA``: an nvfp4 copy's row dots in that loop on the
-    tensor cores, :func:`tl_mamba2_fast.row_dot_mma`)."""
+    ``LOOP``: a loop of ``NS`` stages)."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_idx + b)
@@ -919,14 +907,9 @@ def m2_out_heads_kernel(
             BCc = tl.sum(B_t * C_t, axis=0)  # this step's entry
         if PAIRS > 0:
             tl.static_assert(WEIGHTS and (HPP == 2), "PAIRS: two heads, weights launch")
-            KC = None
-            inv = 1.0
-            if MMA:
-                tl.static_assert(LOOP and WORDS and (RD_FMT == K_NVFP4), "MMA: nvfp4 words loop")
-                KC, inv = c_operand(C_b, N)
             _pair_heads(rd_c, rd_s1, rd_s2, wts, b, H, h0, mat0 + h0, P, HP, c, offs_r, mr,
                         rx_b, rdt_b, x_b, z_b, out_b, C_t, Ce, Co, D_ptr, PAIRS, BLOCK_P, N,
-                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS, AHEAD, LOOP, NS, KC, inv)
+                        RB, RD_FMT, RING, HAS_Z, HAS_D, WORDS, AHEAD, LOOP, NS)
         else:
             for hh in tl.range(0, HPP, num_stages=NS):
                 h = h0 + hh

@@ -224,7 +224,6 @@ class SplitConfig:
     out_pairs: bool | None = None
     out_ahead: int | None = None
     out_pair_loop: bool | None = None
-    out_mma: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -693,7 +692,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 0):
             raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
     for name in ("tail_tile", "evict_first", "out_loads_first", "out_words", "flush_tma",
-                 "concurrent_flush", "out_pairs", "out_pair_loop", "out_mma"):
+                 "concurrent_flush", "out_pairs", "out_pair_loop"):
         if getattr(cfg, name) not in (None, True, False):
             raise ValueError(f"{name} must be true, false or unset, got {getattr(cfg, name)!r}")
     if kind not in ("heads", "tiles", "group"):
@@ -729,10 +728,6 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # L = 16, nvfp4 output step 96.2-97.4 us unrolled one tile ahead -> 91.2)
     pair_loop = bool(cfg.out_pair_loop if cfg.out_pair_loop is not None
                      else pairs and four_bit and cfg.out_ahead is None)
-    mma = bool(cfg.out_mma)
-    if mma and not (pair_loop and words and rd_id == FMT_NVFP4):
-        raise ValueError("out_mma needs an nvfp4 read copy's head pairs as a loop "
-                         "(out_pair_loop, out_words)")
     if cfg.out_ahead and not pairs:
         raise ValueError("out_ahead needs out_pairs (two heads' rows as one run of tiles)")
     # a 4-bit copy's pairs unrolled (out_pair_loop false): one tile's loads ahead (H200,
@@ -815,7 +810,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                      else (96 if four_bit else 80)) if narrow_heads else None),
                    out_loads_first=loads_first, out_words=words, flush_tma=tma,
                    out_pairs=pairs, out_ahead=ahead,
-                   out_pair_loop=pair_loop, out_mma=mma,
+                   out_pair_loop=pair_loop,
                    flush_grid=cfg.flush_grid or ("dynamic" if need_amax or f_one_byte
                                                  else "persistent"),
                    flush_maxnreg=fmax,
@@ -978,7 +973,7 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
             LOADS_FIRST=cfg.out_loads_first, CONC=conc, WORDS=cfg.out_words,
             PAIRS=P if cfg.out_pairs else 0, AHEAD=cfg.out_ahead or 0,
-            LOOP=bool(cfg.out_pair_loop), MMA=bool(cfg.out_mma), **common)
+            LOOP=bool(cfg.out_pair_loop), **common)
     elif cfg.out_kernel == "tiles":
         m2_out_kernel[(H * npb // tpp, batch)](*args, TPP=tpp, **common)
     else:  # "group": the one-launch kernel's output path (prefetch of one tile)

@@ -20,13 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tl_dots import (
-    NVFP4_WORD_SCALE,
-    e2m1_word_halves,
-    nvfp4_word_dot,
-    nvfp4_word_order,
-    tf32_hi,
-)
+from .tl_dots import NVFP4_WORD_SCALE, e2m1_word_halves, tf32_hi
 from .tl_formats import (
     K_BF16,
     K_BF16_SR,
@@ -40,7 +34,6 @@ from .tl_formats import (
     e8m0_value,
     element_index,
     encode_tile,
-    exponent_of,
     fp8_encode_hw,
     fp16_bits_to_f32,
     fp16_rne_bits,
@@ -112,35 +105,6 @@ def row_dot(codes, s1, s2, c, c_even, c_odd, FMT: tl.constexpr, BLOCK_P: tl.cons
             part = tl.sum(tl.reshape(acc, [BLOCK_P, N // BS, BS // 2]), axis=2)
             y = tl.sum(part * scale, axis=1) * TWO63
     return y
-
-
-@triton.jit
-def c_operand(c_ptr, N: tl.constexpr):
-    """The ``(N, 16)`` fp16 operand of :func:`row_dot_mma` for the float vector at
-    ``c_ptr`` and the factor that undoes its scale: columns 0 and 1 hold the fp16 head
-    and remainder of ``c * 2**k`` (~22 significant bits; a bf16 or fp16 ``c`` is exact
-    in the head), ``k`` from c's largest magnitude so that both stay below 2**15, rows
-    in :func:`tl_dots.nvfp4_word_order`; the other columns are zero."""
-    c = tl.load(c_ptr + nvfp4_word_order(tl.arange(0, N))).to(tl.float32)
-    k = tl.minimum(tl.maximum(14 - exponent_of(tl.max(tl.abs(c), axis=0)), -126), 127)
-    scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
-    cs = c * scale
-    hi = cs.to(tl.float16)
-    lo = (cs - hi.to(tl.float32)).to(tl.float16)
-    col = tl.arange(0, 16)[None, :]
-    KC = tl.where(col == 0, hi.to(tl.float32)[:, None],
-                  tl.where(col == 1, lo.to(tl.float32)[:, None], 0.0)).to(tl.float16)
-    return KC, NVFP4_WORD_SCALE / scale
-
-
-@triton.jit
-def row_dot_mma(words, s1, s2, KC, inv, BLOCK_P: tl.constexpr, N: tl.constexpr):
-    """``(BLOCK_P,)`` row sums ``S c`` of an nvfp4 tile loaded as int32 words, as one fp16
-    tensor-core product with :func:`c_operand`'s ``(KC, inv)`` (the E2M1 values times
-    their block scales are exact in fp16, the products exact, the sums in fp32): no
-    per-element conversion or cross-lane reduction.  ``s2``: the matrix scale, a scalar
-    or one per row ``(BLOCK_P, 1)``."""
-    return tl.sum(nvfp4_word_dot(words, s1, KC, BLOCK_P, N) * s2, axis=1) * inv
 
 
 @triton.jit

@@ -1150,41 +1150,6 @@ def test_head_pairs_change_no_bit(rd) -> None:
     assert_runs_same_bits(_split_runs(cfgs, ck, rd, head, raws, state0(batch), L))
 
 
-@pytest.mark.parametrize("c_scale", [1.0, 1e3, 1e-4])
-def test_nvfp4_row_dots_on_tensor_cores(c_scale) -> None:
-    """An nvfp4 copy's pair loop with its row dots as fp16 tensor-core products
-    (``SplitConfig.out_mma``) gives the CUDA-core row dots' outputs to 1e-5 relative
-    over two windows and a flush step, whatever the scale of C (its fp16 operand's
-    scale follows C's largest magnitude), and the same stored copies bit for bit."""
-    batch, L = 3, 3
-    kind, params, raws = setup(steps=2 * L + 1, batch=batch, seed=7)
-    raws = [{**r, "C": r["C"] * c_scale} for r in raws]
-    head = HeadParams(params.A, params.D, params.dt_bias)
-    cfgs = [SplitConfig(out_pairs=True, out_pair_loop=True, stages=2, block_p=16, out_mma=m)
-            for m in (False, True)]
-    cores, mma = _split_runs(cfgs, "fp16-sr", "nvfp4", head, raws, state0(batch), L)
-    n = len(raws)
-    for y_ref, y in zip(cores[:n], mma[:n], strict=True):
-        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5 * float(y_ref.abs().max()))
-    assert_runs_same_bits([cores[n:], mma[n:]])
-
-
-def test_out_mma_refusals() -> None:
-    """``out_mma`` runs only an nvfp4 copy's pair loop: an fp8 copy, or nvfp4 pairs
-    unrolled, are refused with one message."""
-    x = torch.zeros(1, H, P, device=DEV)
-    for rd, cfg in (("fp8-e4m3", SplitConfig(out_mma=True)),
-                    ("nvfp4", SplitConfig(out_mma=True, out_pairs=True, out_ahead=1,
-                                          block_p=16))):
-        cache = Mamba2Cache.allocate(1, H, P, N, G, checkpoint_format="fp16-sr",
-                                     read_format=rd, window=2, device=DEV, launch="split",
-                                     split_config=cfg)
-        with pytest.raises(ValueError, match="out_mma needs an nvfp4 read copy"):
-            mamba2_step(cache, x, torch.zeros(1, H, device=DEV),
-                        torch.zeros(1, G, N, device=DEV), torch.zeros(1, G, N, device=DEV),
-                        HeadParams(-torch.ones(H, device=DEV)))
-
-
 def test_loads_first_rejects_more_than_two_tiles() -> None:
     """``out_loads_first`` unrolls at most two tiles per head besides a tail tile: headdim
     80 in 16-row tiles is refused with a clear message."""
