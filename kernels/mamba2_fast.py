@@ -724,7 +724,8 @@ def _straddle_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a,
     a = rows < P
     xr = ring_round(xf, RING)
     y = tl.where(a, eL_a, eL_b) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
-    y += tl.where(a, tl.sum(wbc_a[:, None] * rx, axis=0), tl.sum(wbc_b[:, None] * rx, axis=0))
+    # each row's ring weights from its head: one product and one sum per ring element
+    y += tl.sum(tl.where(a[None, :], wbc_a[:, None], wbc_b[:, None]) * rx, axis=0)
     y += tl.where(a, wc_a, wc_b) * xr
     tl.store(out_b + h * P + rows, gate(y, xf, z, tl.where(a, D_a, D_b), HAS_Z), mask=m)
     ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)

@@ -16,6 +16,8 @@ shared by the GDN and Mamba-2 kernels.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -111,19 +113,46 @@ def _halves(x):
     return x.to(tl.int16), (x >> 16).to(tl.int16)
 
 
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+"""Whether kernels run in the Triton interpreter (no inline PTX there)."""
+
+
 @triton.jit
-def e2m1_word_halves(words):
-    """The eight E2M1 nibbles of int32 ``words`` (nibble j: bits 4j..4j+3) as the int16
-    bits of fp16 values ``2**-14`` times theirs: ``sign << 15 | magnitude << 9`` (an
-    E2M1 magnitude's exponent and mantissa bits are fp16's lowest exponent and highest
-    mantissa bits; code 1, 0.5, is fp16's subnormal 2**-15).  Nibbles j and j + 4 are 16
-    bits apart, so two shifts and two masks of the word give both halves of one pair."""
+def f16_pair_to_f32(x):
+    """The fp16 values in the low and high halves of int32 ``x`` as float32 (exact).
+    Compiled: one inline-PTX conversion per half straight from the packed register (no
+    half moved first); interpreted: the same values through int16 halves."""
+    if INTERPRETED:
+        lo, hi = _halves(x)
+        return fp16_bits_to_f32(lo), fp16_bits_to_f32(hi)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+            "=f,=f,r", [x], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+@triton.jit
+def e2m1_word_pairs(words):
+    """:func:`e2m1_word_halves` as the four int32 words that hold them: nibbles 0 and 4,
+    1 and 5, 2 and 6, 3 and 7 in the low and high halves."""
     MAG: tl.constexpr = 0x0E000E00
     SGN: tl.constexpr = -2147450880  # 0x80008000
     e04 = ((words << 9) & MAG) | ((words << 12) & SGN)
     e15 = ((words << 5) & MAG) | ((words << 8) & SGN)
     e26 = ((words << 1) & MAG) | ((words << 4) & SGN)
     e37 = ((words >> 3) & MAG) | (words & SGN)
+    return e04, e15, e26, e37
+
+
+@triton.jit
+def e2m1_word_halves(words):
+    """The eight E2M1 nibbles of int32 ``words`` (nibble j: bits 4j..4j+3) as the int16
+    bits of fp16 values ``2**-14`` times theirs: ``sign << 15 | magnitude << 9`` (an
+    E2M1 magnitude's exponent and mantissa bits are fp16's lowest exponent and highest
+    mantissa bits; code 1, 0.5, is fp16's subnormal 2**-15).  Nibbles j and j + 4 are 16
+    bits apart, so two shifts and two masks of the word give both halves of one pair
+    (:func:`e2m1_word_pairs`)."""
+    e04, e15, e26, e37 = e2m1_word_pairs(words)
     e0, e4 = _halves(e04)
     e1, e5 = _halves(e15)
     e2, e6 = _halves(e26)

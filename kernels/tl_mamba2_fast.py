@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tl_dots import NVFP4_WORD_SCALE, e2m1_word_halves, tf32_hi
+from .tl_dots import NVFP4_WORD_SCALE, e2m1_word_pairs, f16_pair_to_f32, tf32_hi
 from .tl_formats import (
     K_BF16,
     K_BF16_SR,
@@ -61,11 +61,13 @@ def word_dot(words, c, BLOCK_P: tl.constexpr, N: tl.constexpr, BS: tl.constexpr)
     :func:`tl_dots.e2m1_word_halves` (two shifts and two masks), are widened to float32
     (values times 2**-14, exact) and put back in element order (joins only rename
     registers), then multiplied by ``c * 2**14``."""
-    e0, e1, e2, e3, e4, e5, e6, e7 = e2m1_word_halves(words)
-    even = tl.join(tl.join(fp16_bits_to_f32(e0), fp16_bits_to_f32(e4)),
-                   tl.join(fp16_bits_to_f32(e2), fp16_bits_to_f32(e6)))  # elements 0, 2, 4, 6
-    odd = tl.join(tl.join(fp16_bits_to_f32(e1), fp16_bits_to_f32(e5)),
-                  tl.join(fp16_bits_to_f32(e3), fp16_bits_to_f32(e7)))
+    e04, e15, e26, e37 = e2m1_word_pairs(words)
+    f0, f4 = f16_pair_to_f32(e04)
+    f1, f5 = f16_pair_to_f32(e15)
+    f2, f6 = f16_pair_to_f32(e26)
+    f3, f7 = f16_pair_to_f32(e37)
+    even = tl.join(tl.join(f0, f4), tl.join(f2, f6))  # elements 0, 2, 4, 6
+    odd = tl.join(tl.join(f1, f5), tl.join(f3, f7))
     x = tl.reshape(tl.join(even, odd), (BLOCK_P, N))
     acc = x * (c * NVFP4_WORD_SCALE)[None, :]
     return tl.sum(tl.reshape(acc, [BLOCK_P, N // BS, BS]), axis=2)
