@@ -16,12 +16,11 @@ shared by the GDN and Mamba-2 kernels.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
 from .tl_formats import (
+    INTERPRETED,
     K_BF16,
     K_BF16_SR,
     K_FP8,
@@ -111,10 +110,6 @@ def nvfp4_word_order(cols):
 def _halves(x):
     """The low and high 16 bits of int32 ``x`` as int16."""
     return x.to(tl.int16), (x >> 16).to(tl.int16)
-
-
-INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-"""Whether kernels run in the Triton interpreter (no inline PTX there)."""
 
 
 @triton.jit

@@ -43,6 +43,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     install()
 
 
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+"""Whether kernels run in the Triton interpreter (no inline PTX there)."""
+
+
 def compiled_on(device) -> bool:
     """Whether launches on ``device`` (a ``torch.device``) run compiled on a GPU, not in
     the Triton interpreter: the hardware-only paths (fp8 conversion by ``cvt``, which
@@ -599,6 +603,17 @@ def fp8_encode_hw(S):
 
 
 @triton.jit
+def low3_over(a, b):
+    """``(a & 7) | (b & ~7)`` of int32 tensors: compiled, one ``lop3`` (the compiler
+    would otherwise keep its two masks apart: two logic instructions)."""
+    if INTERPRETED:
+        return (a & 7) | (b & -8)
+    else:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, 7, 0xE4;", "=r,r,r", [a, b],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def e2m1_code_fast(y):
     """:func:`e2m1_code` ``(y, False)`` (same codes for every non-NaN ``y``) mostly on the
     FMA pipe.  The E2M1 magnitude code of ``a = |y|`` is the least of ``RNE(2a)`` (the
@@ -608,14 +623,16 @@ def e2m1_code_fast(y):
     rounded float operation onto [2**23, 2**24), whose integers are spaced by one, so
     its bits are ``2**23``'s plus the line (ties to even alike) and the least of the
     bits is the least line.  The sign is that of ``y + 0`` (set where ``y < 0``), moved
-    from bit 31 to bit 3 by the high word of a product, also on the FMA pipe."""
+    from bit 31 to bit 3 by the high word of a product, also on the FMA pipe; that word
+    (below 16) keeps exponent bits under the sign, so one bitwise select
+    (:func:`low3_over`) takes the magnitude's low three bits and the sign above them."""
     a = tl.abs(y)
     b1 = tl.fma(a, 2.0, 8388608.0).to(tl.int32, bitcast=True)  # 2**23 + RNE(2a)
     b2 = (a + 8388610.0).to(tl.int32, bitcast=True)  # 2**23 + 2 + RNE(a)
     b3 = tl.fma(a, 0.5, 8388612.0).to(tl.int32, bitcast=True)  # 2**23 + 4 + RNE(a/2)
-    mag = tl.minimum(tl.minimum(tl.minimum(b1, b2), b3), 0x4B000007)
-    sign = tl.umulhi((y + 0.0).to(tl.uint32, bitcast=True), 16).to(tl.int32, bitcast=True) & 8
-    return (mag & 7) | sign
+    mag = tl.minimum(tl.minimum(b1, b2), tl.minimum(b3, 0x4B000007))
+    top = tl.umulhi((y + 0.0).to(tl.uint32, bitcast=True), 16).to(tl.int32, bitcast=True)
+    return low3_over(mag, top)
 
 
 @triton.jit
@@ -669,7 +686,7 @@ def nvfp4_encode_fast(S, amax_mat, SELF_AMAX: tl.constexpr, BLOCK_P: tl.constexp
         c3 = tl.where(ok[:, :, None], e2m1_code_fast(y), 0)
         s1 = tl.where(bfin, sc, 0x7F).to(tl.uint8)
     lo, hi = tl.split(tl.reshape(c3, [BLOCK_P, N // 2, 2]))
-    codes = (lo | (hi << 4)).to(tl.uint8)
+    codes = (lo + hi * 16).to(tl.uint8)  # (one multiply-add: the nibbles do not overlap)
     return codes, s1, s2
 
 
