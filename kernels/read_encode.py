@@ -23,12 +23,14 @@ from .tl_formats import (
     FMT_BF16,
     FMT_BF16_SR,
     FMT_FP32,
+    INTERPRETED,
     K_BF16,
     K_BF16_SR,
     K_FP32,
     K_NVFP4,
     bf16_bits_to_f32,
     fp16_bits_to_f32,
+    load_16bit_words,
     load_state,
     matrix_amax,
     store_state_with,
@@ -93,7 +95,8 @@ def amax_bits_pass(c_words, mat, P: tl.constexpr, N: tl.constexpr, FB: tl.conste
     dense matrix of the checkpoint, read as int32 words (two 16-bit codes or one fp32
     each) in chunks of FB rows.  Magnitude bits order like the magnitudes, so the
     maximum is integer: one mask and one max per word, both halves of a 16-bit word
-    kept apart by a second mask.  A non-finite code gives bits at or above
+    kept apart by a second mask (compiled: one packed 16-bit maximum per word).  A
+    non-finite code gives bits at or above
     :func:`inf_bits`; the caller then takes the decoded values instead."""
     W: tl.constexpr = N if C_FMT == K_FP32 else N // 2
     hi = tl.zeros((FB, W), tl.int32)
@@ -104,14 +107,27 @@ def amax_bits_pass(c_words, mat, P: tl.constexpr, N: tl.constexpr, FB: tl.conste
                     other=0)
         if C_FMT == K_FP32:
             hi = tl.maximum(hi, w & 0x7FFFFFFF)
-        else:
+        elif INTERPRETED:
             a = w & 0x7FFF7FFF
             hi = tl.maximum(hi, a)
             lo = tl.maximum(lo, a & 0x7FFF)
+        else:  # both halves by one packed maximum
+            hi = _max_u16x2(hi, w & 0x7FFF7FFF)
     m = tl.max(tl.max(hi, axis=1), axis=0)
     if C_FMT != K_FP32:
-        m = tl.maximum(m >> 16, tl.max(tl.max(lo, axis=1), axis=0))
+        if INTERPRETED:
+            m = tl.maximum(m >> 16, tl.max(tl.max(lo, axis=1), axis=0))
+        else:
+            m = tl.maximum(m >> 16, tl.max(tl.max(hi & 0x7FFF, axis=1), axis=0))
     return m
+
+
+@triton.jit
+def _max_u16x2(a, b):
+    """The unsigned maximum of each 16-bit half of int32 ``a`` and ``b`` (compiled code:
+    one ``max.u16x2``)."""
+    return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.constexpr_function
@@ -139,13 +155,14 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, c_words, f
                               f_s2, B, PCLK, L, H: tl.constexpr, P: tl.constexpr,
                               N: tl.constexpr, FB: tl.constexpr, BP: tl.constexpr,
                               C_FMT: tl.constexpr, F_FMT: tl.constexpr,
-                              AMAX_BITS: tl.constexpr):
+                              AMAX_BITS: tl.constexpr, WORDS16: tl.constexpr = False):
     """Persistent: every program reads the clocks of all B rows (a row flushed this step
     where ``tickets // PCLK`` is at ring position L - 1; the clocks advance only after
     the flush) and takes every G-th (flushed row, head) matrix of P x N, so a step that
     flushes nothing costs one vector load per program.  nvfp4: a pass for the matrix
     amax (from the stored bits where ``AMAX_BITS``, :func:`amax_bits_pass`), then one
-    that encodes."""
+    that encodes.  ``WORDS16``: a 16-bit checkpoint's rows are read as int32 words
+    (``c_words``; ``tl_formats.load_16bit_words``)."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     _, _, live, sl0 = batch_slots(state_idx, B, BP)
@@ -159,7 +176,7 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, c_words, f
         amax = 0.0
         if NCH == 1:  # the whole matrix in one tile: one read
             offs_p = tl.arange(0, FB)
-            S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
+            S = _load_rows(c_data, c_s1, c_s2, c_words, mat, offs_p, P, N, FB, C_FMT, WORDS16)
             if F_FMT == K_NVFP4:
                 amax = matrix_amax(S)
             store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0, amax,
@@ -179,10 +196,22 @@ def encode_read_copies_kernel(tickets, state_idx, c_data, c_s1, c_s2, c_words, f
         if NCH > 1:
             for c in tl.range(0, NCH):
                 offs_p = c * FB + tl.arange(0, FB)
-                S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
+                S = _load_rows(c_data, c_s1, c_s2, c_words, mat, offs_p, P, N, FB, C_FMT,
+                               WORDS16)
                 store_state_with(f_data, f_s1, f_s2, S, mat, offs_p, offs_p < P, P, 0, 0,
                                  amax, F_FMT, FB, N, True)
         u += G
+
+
+@triton.jit
+def _load_rows(c_data, c_s1, c_s2, c_words, mat, offs_p, P: tl.constexpr, N: tl.constexpr,
+               FB: tl.constexpr, C_FMT: tl.constexpr, WORDS16: tl.constexpr):
+    """The float32 rows ``offs_p`` of checkpoint matrix ``mat`` (past ``P`` zero)."""
+    if WORDS16:
+        S = load_16bit_words(c_words, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
+    else:
+        S = load_state(c_data, c_s1, c_s2, mat, offs_p, offs_p < P, P, C_FMT, FB, N)
+    return S
 
 
 def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indices,
@@ -201,4 +230,5 @@ def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indice
         tickets, state_indices, *ckpt.kernel_args(), words, *read.kernel_args(), B,
         programs_per_slot, window, H, P, N, fb, max(16, triton.next_power_of_2(B)),
         ckpt.fmt_id, read.fmt_id, bool(ENCODE_AMAX_BITS) and whole_words,
-        num_warps=warps, maxnreg=ENCODE_MAXNREG or None)
+        whole_words and codes.element_size() == 2, num_warps=warps,
+        maxnreg=ENCODE_MAXNREG or None)

@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 
 from .tl_formats import (
-    INTERPRETED,
     K_BF16,
     K_BF16_SR,
     K_FP8,
@@ -33,6 +32,7 @@ from .tl_formats import (
     e4m3_value_hw,
     e8m0_value,
     fp16_bits_to_f32,
+    int16_halves,
     per_block,
     unpack_nibbles,
 )
@@ -107,26 +107,6 @@ def nvfp4_word_order(cols):
 
 
 @triton.jit
-def _halves(x):
-    """The low and high 16 bits of int32 ``x`` as int16."""
-    return x.to(tl.int16), (x >> 16).to(tl.int16)
-
-
-@triton.jit
-def f16_pair_to_f32(x):
-    """The fp16 values in the low and high halves of int32 ``x`` as float32 (exact).
-    Compiled: one inline-PTX conversion per half straight from the packed register (no
-    half moved first); interpreted: the same values through int16 halves."""
-    if INTERPRETED:
-        lo, hi = _halves(x)
-        return fp16_bits_to_f32(lo), fp16_bits_to_f32(hi)
-    else:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
-            "=f,=f,r", [x], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
-
-
-@triton.jit
 def e2m1_word_pairs(words):
     """:func:`e2m1_word_halves` as the four int32 words that hold them: nibbles 0 and 4,
     1 and 5, 2 and 6, 3 and 7 in the low and high halves."""
@@ -148,10 +128,10 @@ def e2m1_word_halves(words):
     bits apart, so two shifts and two masks of the word give both halves of one pair
     (:func:`e2m1_word_pairs`)."""
     e04, e15, e26, e37 = e2m1_word_pairs(words)
-    e0, e4 = _halves(e04)
-    e1, e5 = _halves(e15)
-    e2, e6 = _halves(e26)
-    e3, e7 = _halves(e37)
+    e0, e4 = int16_halves(e04)
+    e1, e5 = int16_halves(e15)
+    e2, e6 = int16_halves(e26)
+    e3, e7 = int16_halves(e37)
     return e0, e1, e2, e3, e4, e5, e6, e7
 
 

@@ -179,6 +179,26 @@ def fp16_bits_to_f32(bits):
     return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
 
+@triton.jit
+def int16_halves(x):
+    """The low and high 16 bits of int32 ``x`` as int16."""
+    return x.to(tl.int16), (x >> 16).to(tl.int16)
+
+
+@triton.jit
+def f16_pair_to_f32(x):
+    """The fp16 values in the low and high halves of int32 ``x`` as float32 (exact).
+    Compiled: one inline-PTX conversion per half straight from the packed register (no
+    half moved first); interpreted: the same values through int16 halves."""
+    if INTERPRETED:
+        lo, hi = int16_halves(x)
+        return fp16_bits_to_f32(lo), fp16_bits_to_f32(hi)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+            "=f,=f,r", [x], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+
+
 # -------------------------------------------------------------- random bits, SR
 
 
@@ -754,6 +774,23 @@ def load_state(codes_ptr, s1_ptr, s2_ptr, mat, offs_p, mask_p, P,
                                FMT, BLOCK_P, N)
     S = decode_tile(codes, s1, s2, FMT, BLOCK_P, N)
     return tl.where(mask_p[:, None], S, 0.0)
+
+
+@triton.jit
+def load_16bit_words(words_ptr, mat, offs_p, mask_p, P, FMT: tl.constexpr,
+                     BLOCK_P: tl.constexpr, N: tl.constexpr):
+    """:func:`load_state` of a 16-bit format (fp16 or bf16, with or without stochastic
+    rounding) from its codes read as int32 words (``words_ptr``, two codes each): the
+    same float32 values, each word's halves widened where they lie."""
+    W: tl.constexpr = N // 2
+    w = tl.load(words_ptr + mat * P * W + tile_offsets(offs_p, W), mask=mask_p[:, None],
+                other=0)
+    if (FMT == K_FP16) or (FMT == K_FP16_SR):
+        lo, hi = f16_pair_to_f32(w)
+    else:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    return tl.reshape(tl.join(lo, hi), (BLOCK_P, N))
 
 
 @triton.jit

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tl_dots import NVFP4_WORD_SCALE, e2m1_word_pairs, f16_pair_to_f32, tf32_hi
+from .tl_dots import NVFP4_WORD_SCALE, e2m1_word_pairs, tf32_hi
 from .tl_formats import (
     K_BF16,
     K_BF16_SR,
@@ -34,6 +34,7 @@ from .tl_formats import (
     e8m0_value,
     element_index,
     encode_tile,
+    f16_pair_to_f32,
     fp8_encode_hw,
     fp16_bits_to_f32,
     fp16_rne_bits,
