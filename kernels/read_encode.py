@@ -7,8 +7,8 @@ so the copy is encoded from the same values the flush would have encoded, and th
 are those of the flush's own encoder and of the torch reference,
 ``formats.get(read).encode(decoded checkpoint)``.  The flush's programs are sized for the
 fold (one warp and up to 255 registers each on an H200) and encode 4-bit copies slowly;
-this launch runs whole-matrix programs of 4 warps, 8 per SM (2 warps, 16 per SM, where a
-matrix is encoded in small chunks: :func:`encode_programs`).
+this launch runs whole-matrix programs of 2 to 8 warps, 32 warps per SM
+(:func:`encode_programs`).
 """
 
 from __future__ import annotations
@@ -74,12 +74,14 @@ def encode_rows(rows: int, cols: int, code_bytes: int) -> int:
 def encode_programs(tile_rows: int, cols: int) -> tuple[int, int]:
     """``(warps per program, programs per SM)`` of the encode launch for tiles of
     ``tile_rows x cols``: :data:`ENCODE_WARPS` / :data:`ENCODE_CTAS_PER_SM` where set;
-    else 4 warps, 8 per SM, and for tiles of at most 2048 elements (16-row chunks of 128
-    columns, as nemotron-3-nano-4b's 80-row matrices take) 2 warps, 16 per SM, so that a
-    thread still holds 32 elements of a chunk.  Timed at batch 256 on an H200 (fp16-sr
-    checkpoint, nvfp4 copy): nano-4b 183.8 / 183.8 -> 180.3-181.1 us per step."""
-    small = tile_rows * cols <= 2048
-    return (ENCODE_WARPS or (2 if small else 4)), (ENCODE_CTAS_PER_SM or (16 if small else 8))
+    else one warp per 1024 elements, so that a thread holds 32 elements of a tile (2 to 8
+    warps: 16-row chunks of 128 columns, as nemotron-3-nano-4b's 80-row matrices take, 2;
+    32-row chunks 4; nemotron-3-super-120b's one 64-row tile 8), and 32 warps per SM.
+    Timed at batch 256 on an H200 (fp16-sr checkpoint, nvfp4 copy): nano-4b 183.8 /
+    183.8 -> 180.3-181.1 us per step with 2 warps instead of 4; super-120b flush step
+    1241-1249 -> 1217 us with 8 instead of 4."""
+    warps = ENCODE_WARPS or max(2, min(8, tile_rows * cols // 1024))
+    return warps, (ENCODE_CTAS_PER_SM or 32 // warps)
 
 
 def encodes_apart(checkpoint: str, read: str | None) -> bool:

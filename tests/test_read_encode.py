@@ -93,11 +93,13 @@ def test_amax_bits_pass_reads_both_halves_of_a_word() -> None:
 
 
 def test_encode_programs_keep_32_elements_per_thread(monkeypatch) -> None:
-    """4-warp programs, 8 per SM, for tiles of 32 or more rows of 128 columns; 2-warp
-    ones, 16 per SM, for 16-row chunks (nemotron-3-nano-4b's 80-row matrices); the
-    module settings override either."""
+    """One warp per 1024 elements of a tile (2 to 8), 32 warps per SM: 4-warp programs,
+    8 per SM, for 32-row tiles of 128 columns; 2-warp ones, 16 per SM, for 16-row chunks
+    (nemotron-3-nano-4b's 80-row matrices); 8-warp ones, 4 per SM, for 64 rows and more;
+    the module settings override either."""
     assert read_encode.encode_programs(32, 128) == (4, 8)  # qwen3.5: 32-row chunks
-    assert read_encode.encode_programs(64, 128) == (4, 8)  # super-120b: one tile
+    assert read_encode.encode_programs(64, 128) == (8, 4)  # super-120b: one tile
+    assert read_encode.encode_programs(128, 128) == (8, 4)
     assert read_encode.encode_programs(read_encode.encode_rows(80, 128, 2), 128) == (2, 16)
     monkeypatch.setattr(read_encode, "ENCODE_WARPS", 4)
     monkeypatch.setattr(read_encode, "ENCODE_CTAS_PER_SM", 8)
