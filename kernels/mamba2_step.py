@@ -174,8 +174,11 @@ class SplitConfig:
     bytes), with no L2 prefetch (``out_prefetch``) and 128 registers for 4-bit copies
     (H200, nano-4b, batch 256, L = 16, output step us: nvfp4 105.7-108.7 -> 99.2-101.2,
     fp8 105.2-106.3 -> 103.8-104.4; with the one-head programs' prefetch distance nvfp4
-    stayed at 106.6 and fp8 lost, 121.9); set explicitly, it also takes a headdim that is
-    a multiple of ``block_p`` (two heads' tiles as one run, none shared).
+    stayed at 106.6 and fp8 lost, 121.9); also on, as a pair loop, for a 4-bit copy read as
+    words whose headdim is one or two full tiles (two heads' tiles as one run, none
+    shared; super-120b nvfp4 output step 93.2 us with each head's tiles loaded first ->
+    91.0, once the words' decode had become cheaper); set explicitly, it takes any headdim
+    that is a multiple of ``block_p``.
     ``out_ahead`` (with ``out_pairs``; 0, 1 or 2, fewer than the pair's tiles): the loads of
     the tile that many places later go out before a tile's row dot and stores, so that many
     tiles' bytes are in flight while one is finished; None = 1 for 4-bit copies' pairs
@@ -191,7 +194,8 @@ class SplitConfig:
     with 3 stages, for 4-bit copies (H200, nano-4b, batch 256, L = 16, nvfp4 output step
     96.2-97.4 us unrolled one tile ahead -> 91.2; 1 / 2 stages 97.1 / 98.9), else off (fp8:
     2 stages 102.8 against 103.1-104.4; super-120b's 4-bit copy as a pair loop of 2 stages
-    105.3 against its two heads with loads first, 94.9).
+    lost at first, 105.3 against its two heads with loads first, 94.9, and won with 3
+    stages after the decode changes, 91.0 against 93.2).
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -717,6 +721,13 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         pairs = (_pairs_fit(kind, narrow, P, bp, hpg) and cfg.out_weights == "launch"
                  and cfg.heads_per_program in (None, 2) and not cfg.tail_tile
                  and not cfg.out_loads_first and (words or not four_bit))
+        # a 4-bit copy read as words whose head is one or two full tiles: the two heads'
+        # tiles as one run too, in the pair loop (H200, super-120b, batch 256, L = 16,
+        # nvfp4 output step 93.2 us with each head's tiles loaded first -> 91.0)
+        pairs = pairs or (kind == "heads" and four_bit and words and P % bp == 0
+                          and P // bp <= 2 and hpg % 2 == 0 and cfg.out_weights == "launch"
+                          and cfg.heads_per_program in (None, 2) and not cfg.tail_tile
+                          and cfg.out_loads_first is None)
     elif pairs:
         _check_pairs(cfg, kind, narrow, P, bp, hpg)
     if cfg.out_pair_loop and not pairs:

@@ -934,17 +934,21 @@ def test_default_flush_programs_of_a_16bit_sr_checkpoint() -> None:
 
 def test_default_output_words_tail_and_loads_first() -> None:
     """At model shapes the "heads" output launch reads a 4-bit copy as words, without a
-    tail tile or L2 prefetch, two heads per program: each head's two full tiles loaded
-    first (headdim 64), or the heads' rows as one run of tiles (80, ``out_pairs``); read
-    as bytes, headdim 80 keeps one head per program, its 16-row tail tile and loads
-    first and prefetches 2816 ahead; a 1-byte copy is read as bytes."""
+    tail tile or L2 prefetch, two heads per program whose rows are one run of tiles in
+    the pair loop (headdim 80: a tile shared; 64: two full tiles each, ``out_pairs``);
+    set to load each head's tiles first, headdim 64 keeps two heads per program without
+    pairs; read as bytes, headdim 80 keeps one head per program, its 16-row tail tile and
+    loads first and prefetches 2816 ahead; a 1-byte copy is read as bytes."""
     nv, fp8 = format_id("nvfp4"), format_id("fp8-e4m3")
     got = {Pm: _split_defaults(SplitConfig(), Pm, 128, Hm, 8, nv, False)
            for Hm, Pm in ((96, 80), (128, 64))}
     assert [(c.out_words, c.tail_tile, c.out_loads_first) for c in got.values()] == [
-        (True, False, False), (True, False, True)]
-    assert [(c.out_pairs, c.heads_per_program) for c in got.values()] == [(True, 2), (False, 2)]
+        (True, False, False), (True, False, False)]
+    assert [(c.out_pairs, c.out_pair_loop, c.heads_per_program) for c in got.values()] == [
+        (True, True, 2), (True, True, 2)]
     assert [(c.maxnreg, c.out_prefetch) for c in got.values()] == [(128, 0), (128, 0)]
+    duo = _split_defaults(SplitConfig(out_loads_first=True), 64, 128, 128, 8, nv, False)
+    assert (duo.out_pairs, duo.heads_per_program, duo.out_loads_first) == (False, 2, True)
     one = _split_defaults(SplitConfig(out_loads_first=False), 64, 128, 128, 8, nv, False)
     assert (one.heads_per_program, one.out_loads_first, one.out_prefetch) == (1, False, 1536)
     b = _split_defaults(SplitConfig(out_words=False), 80, 128, 96, 8, nv, False)
@@ -1110,7 +1114,9 @@ def test_out_pairs_settings() -> None:
     (the default, as with ``out_pairs`` set), without tail tile, loads first or L2
     prefetch, at 128 registers for 4-bit copies (their tiles in a loop of 3 stages; one
     tile ahead where unrolled) and 80 for 1-byte ones; ``out_pairs`` false gives one head
-    per program; headdim 64 and 16-row tiles never pair by default."""
+    per program; a 1-byte copy's headdim of 64, and 16-row tiles of 80 rows, do not pair
+    by default (a 4-bit copy's headdim of 64 does: see
+    :func:`test_default_output_words_tail_and_loads_first`)."""
     for fmt, regs, loop, stages in (("nvfp4", 128, True, 3), ("fp8-e4m3", 80, False, 1)):
         for cfg in (SplitConfig(), SplitConfig(out_pairs=True)):
             c = _split_defaults(cfg, 80, 128, 96, 8, format_id(fmt), False)
@@ -1127,7 +1133,8 @@ def test_out_pairs_settings() -> None:
         assert (c.heads_per_program, c.out_pairs, c.out_prefetch, c.out_ahead) == (
             1, False, 1536, 0)
     nv = format_id("nvfp4")
-    assert not _split_defaults(SplitConfig(), 64, 128, 128, 8, nv, False).out_pairs
+    assert not _split_defaults(SplitConfig(), 64, 128, 128, 8, format_id("fp8-e4m3"),
+                               False).out_pairs
     assert not _split_defaults(SplitConfig(block_p=16), 80, 128, 96, 8, nv, False).out_pairs
 
 
@@ -1148,6 +1155,20 @@ def test_head_pairs_change_no_bit(rd) -> None:
     cfgs += [SplitConfig(out_pairs=True, out_pair_loop=True, stages=ns, block_p=16)
              for ns in (1, 2)]
     assert_runs_same_bits(_split_runs(cfgs, ck, rd, head, raws, state0(batch), L))
+
+
+def test_whole_tile_head_pairs_change_no_bit() -> None:
+    """A headdim of two full tiles (32 rows in 16-row tiles): one head per program, two
+    heads each loaded first, and the two heads' four tiles as one run in the pair loop
+    (the default for a 4-bit copy read as words) give the same outputs and stored copies
+    bit for bit over two windows and a flush step."""
+    batch, L = 3, 3
+    head, raws, S0 = _headdim32_problem(batch, L, seed=8, state_seed=9)
+    cfgs = [SplitConfig(out_pairs=False, heads_per_program=1, block_p=16),
+            SplitConfig(out_loads_first=True, heads_per_program=2, block_p=16),
+            SplitConfig(block_p=16)]
+    assert _split_defaults(cfgs[-1], 32, N, H, G, format_id("nvfp4"), False).out_pair_loop
+    assert_runs_same_bits(_split_runs(cfgs, "fp16-sr", "nvfp4", head, raws, S0, L))
 
 
 def test_loads_first_rejects_more_than_two_tiles() -> None:
