@@ -603,6 +603,14 @@ def _rows_load(rows, m, rd_c, rd_s1, rd_s2, mat, h, P, HP, offs_r, mr, rx_b, x_b
 
 
 @triton.jit
+def _row_output(eL, dot, ring, wc, x):
+    """A row's output before the gate, ``e^Lambda (S c) + ring + w_c x``, by explicit
+    fused multiply-adds: every output program rounds it the same way, whatever the
+    compiler would contract (a pipelined loop contracted differently: 1-ulp changes)."""
+    return tl.fma(wc, x, tl.fma(eL, dot, ring))
+
+
+@triton.jit
 def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, wc, D_h,
                   RD_FMT: tl.constexpr, BT: tl.constexpr, N: tl.constexpr, RING: tl.constexpr,
                   HAS_Z: tl.constexpr):
@@ -611,8 +619,8 @@ def _heads_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, eL, wbc, 
     codes, s1, s2, rx, xf, z = loaded
     m = rows < P
     xr = ring_round(xf, RING)
-    y = eL * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
-    y = y + tl.sum(wbc[:, None] * rx, axis=0) + wc * xr
+    y = _row_output(eL, row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N),
+                    tl.sum(wbc[:, None] * rx, axis=0), wc, xr)
     tl.store(out_b + h * P + rows, gate(y, xf, z, D_h, HAS_Z), mask=m)
     ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
 
@@ -723,10 +731,10 @@ def _straddle_finish(rows, loaded, h, P, HP, c, rx_b, out_b, C_t, Ce, Co, wbc_a,
     m = rows < 2 * P
     a = rows < P
     xr = ring_round(xf, RING)
-    y = tl.where(a, eL_a, eL_b) * row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N)
     # each row's ring weights from its head: one product and one sum per ring element
-    y += tl.sum(tl.where(a[None, :], wbc_a[:, None], wbc_b[:, None]) * rx, axis=0)
-    y += tl.where(a, wc_a, wc_b) * xr
+    y = _row_output(tl.where(a, eL_a, eL_b), row_dot(codes, s1, s2, C_t, Ce, Co, RD_FMT, BT, N),
+                    tl.sum(tl.where(a[None, :], wbc_a[:, None], wbc_b[:, None]) * rx, axis=0),
+                    tl.where(a, wc_a, wc_b), xr)
     tl.store(out_b + h * P + rows, gate(y, xf, z, tl.where(a, D_a, D_b), HAS_Z), mask=m)
     ring_store(rx_b + c * HP + h * P + rows, xr, m, RING)
 

@@ -1142,7 +1142,7 @@ def test_out_pairs_settings() -> None:
 def test_head_pairs_change_no_bit(rd) -> None:
     """Output programs of one head (two 16-row tiles, the second half masked) and of a
     pair of heads (three tiles, one shared), the pair's loads 0, 1 or 2 tiles ahead or
-    its tiles in a loop of 1 or 2 stages (``SplitConfig.out_pairs``, ``out_ahead``,
+    its tiles in a loop of 1, 2 or 3 stages (``SplitConfig.out_pairs``, ``out_ahead``,
     ``out_pair_loop``), give the same outputs and stored copies
     bit for bit over two windows and a flush step: every row is the same row dot, ring
     sum and gate."""
@@ -1153,20 +1153,20 @@ def test_head_pairs_change_no_bit(rd) -> None:
     cfgs = [SplitConfig(out_pairs=False, heads_per_program=1, block_p=16, tail_tile=False)]
     cfgs += [SplitConfig(out_pairs=True, out_ahead=ahead, block_p=16) for ahead in (0, 1, 2)]
     cfgs += [SplitConfig(out_pairs=True, out_pair_loop=True, stages=ns, block_p=16)
-             for ns in (1, 2)]
+             for ns in (1, 2, 3)]
     assert_runs_same_bits(_split_runs(cfgs, ck, rd, head, raws, state0(batch), L))
 
 
 def test_whole_tile_head_pairs_change_no_bit() -> None:
     """A headdim of two full tiles (32 rows in 16-row tiles): one head per program, two
     heads each loaded first, and the two heads' four tiles as one run in the pair loop
-    (the default for a 4-bit copy read as words) give the same outputs and stored copies
-    bit for bit over two windows and a flush step."""
+    (the default for a 4-bit copy read as words: 3 stages; and 1) give the same outputs
+    and stored copies bit for bit over two windows and a flush step."""
     batch, L = 3, 3
     head, raws, S0 = _headdim32_problem(batch, L, seed=8, state_seed=9)
     cfgs = [SplitConfig(out_pairs=False, heads_per_program=1, block_p=16),
             SplitConfig(out_loads_first=True, heads_per_program=2, block_p=16),
-            SplitConfig(block_p=16)]
+            SplitConfig(block_p=16), SplitConfig(block_p=16, stages=1)]
     assert _split_defaults(cfgs[-1], 32, N, H, G, format_id("nvfp4"), False).out_pair_loop
     assert_runs_same_bits(_split_runs(cfgs, "fp16-sr", "nvfp4", head, raws, S0, L))
 
