@@ -748,10 +748,11 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.out_ahead and (cfg.out_ahead > 2 or cfg.out_ahead >= 2 * P // bp):
         raise ValueError(f"out_ahead takes 1 or 2 tiles, fewer than the {2 * P // bp} tiles "
                          f"of two heads; got {cfg.out_ahead}")
-    # a 4-bit copy read as words whose head is at most two full tiles: two heads per
-    # program, each head's tiles loaded first, no L2 prefetch (H200, super-120b, batch
-    # 256, L = 16, nvfp4 output step 97.0-97.9 -> 94.2-94.6 us; fp8 copies lost, 102.5 ->
-    # 110.9-119.2)
+    # a 4-bit copy read as words whose head is at most two full tiles, not paired (pairs
+    # are its default; set out_loads_first to get this): two heads per program, each
+    # head's tiles loaded first, no L2 prefetch (H200, super-120b, batch 256, L = 16,
+    # nvfp4 output step 97.0-97.9 -> 94.2-94.6 us, before the pair loop took over; fp8
+    # copies lost, 102.5 -> 110.9-119.2)
     duo = (cfg.heads_per_program is None and not pairs and kind == "heads" and four_bit
            and words and P % bp == 0 and P // bp <= 2 and hpg % 2 == 0
            and cfg.out_loads_first is not False and not cfg.tail_tile)
