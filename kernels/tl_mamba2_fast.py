@@ -58,10 +58,10 @@ row sum the other 2**63 (products stay normal for any realistic ``c``)."""
 def word_dot(words, c, BLOCK_P: tl.constexpr, N: tl.constexpr, BS: tl.constexpr):
     """``(BLOCK_P, N // BS)`` block sums of ``S c`` (float32; E2M1 values, block scales
     apart) of ``(BLOCK_P, N // 8)`` int32 words of nibbles, element ``8 m + j`` in nibble
-    ``j`` of word ``m``.  Each nibble pair's fp16 bits come from
-    :func:`tl_dots.e2m1_word_halves` (two shifts and two masks), are widened to float32
-    (values times 2**-14, exact) and put back in element order (joins only rename
-    registers), then multiplied by ``c * 2**14``."""
+    ``j`` of word ``m``.  Each nibble pair's fp16 bits come as one int32 from
+    :func:`tl_dots.e2m1_word_pairs` (two shifts and two masks), are widened to float32
+    in place (``tl_formats.f16_pair_to_f32``; values times 2**-14, exact) and put back
+    in element order (joins only rename registers), then multiplied by ``c * 2**14``."""
     e04, e15, e26, e37 = e2m1_word_pairs(words)
     f0, f4 = f16_pair_to_f32(e04)
     f1, f5 = f16_pair_to_f32(e15)
