@@ -716,17 +716,19 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         words = kind == "heads" and four_bit
     if words and not (kind == "heads" and four_bit):
         raise ValueError("out_words needs the 'heads' output launch and a 4-bit read copy")
+    # a 4-bit copy read as words whose head is one or two full tiles
+    whole_heads = (kind == "heads" and four_bit and words and P % bp == 0 and P // bp <= 2
+                   and hpg % 2 == 0 and not cfg.tail_tile)
     pairs = cfg.out_pairs
     if pairs is None:  # where it applies and is not excluded; 4-bit copies read as words
         pairs = (_pairs_fit(kind, narrow, P, bp, hpg) and cfg.out_weights == "launch"
                  and cfg.heads_per_program in (None, 2) and not cfg.tail_tile
                  and not cfg.out_loads_first and (words or not four_bit))
-        # a 4-bit copy read as words whose head is one or two full tiles: the two heads'
-        # tiles as one run too, in the pair loop (H200, super-120b, batch 256, L = 16,
-        # nvfp4 output step 93.2 us with each head's tiles loaded first -> 91.0)
-        pairs = pairs or (kind == "heads" and four_bit and words and P % bp == 0
-                          and P // bp <= 2 and hpg % 2 == 0 and cfg.out_weights == "launch"
-                          and cfg.heads_per_program in (None, 2) and not cfg.tail_tile
+        # whole heads too: the two heads' tiles as one run, in the pair loop (H200,
+        # super-120b, batch 256, L = 16, nvfp4 output step 93.2 us with each head's tiles
+        # loaded first -> 91.0)
+        pairs = pairs or (whole_heads and cfg.out_weights == "launch"
+                          and cfg.heads_per_program in (None, 2)
                           and cfg.out_loads_first is None)
     elif pairs:
         _check_pairs(cfg, kind, narrow, P, bp, hpg)
@@ -748,14 +750,12 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     if cfg.out_ahead and (cfg.out_ahead > 2 or cfg.out_ahead >= 2 * P // bp):
         raise ValueError(f"out_ahead takes 1 or 2 tiles, fewer than the {2 * P // bp} tiles "
                          f"of two heads; got {cfg.out_ahead}")
-    # a 4-bit copy read as words whose head is at most two full tiles, not paired (pairs
-    # are its default; set out_loads_first to get this): two heads per program, each
-    # head's tiles loaded first, no L2 prefetch (H200, super-120b, batch 256, L = 16,
-    # nvfp4 output step 97.0-97.9 -> 94.2-94.6 us, before the pair loop took over; fp8
-    # copies lost, 102.5 -> 110.9-119.2)
-    duo = (cfg.heads_per_program is None and not pairs and kind == "heads" and four_bit
-           and words and P % bp == 0 and P // bp <= 2 and hpg % 2 == 0
-           and cfg.out_loads_first is not False and not cfg.tail_tile)
+    # whole heads not paired (pairs are their default; set out_loads_first to get this):
+    # two heads per program, each head's tiles loaded first, no L2 prefetch (H200,
+    # super-120b, batch 256, L = 16, nvfp4 output step 97.0-97.9 -> 94.2-94.6 us, before
+    # the pair loop took over; fp8 copies lost, 102.5 -> 110.9-119.2)
+    duo = (cfg.heads_per_program is None and not pairs and whole_heads
+           and cfg.out_loads_first is not False)
     hpp = cfg.heads_per_program or (2 if pairs or duo else max(
         d for d in (1, 2, 4) if hpg % d == 0 and d <= want) if kind != "tiles" else 1)
     if hpg % hpp:
