@@ -96,40 +96,35 @@ def amax_bits_pass(c_words, mat, P: tl.constexpr, N: tl.constexpr, FB: tl.conste
     """Largest magnitude's bits (int32 scalar: 16-bit formats in the low half) over a
     dense matrix of the checkpoint, read as int32 words (two 16-bit codes or one fp32
     each) in chunks of FB rows.  Magnitude bits order like the magnitudes, so the
-    maximum is integer: one mask and one max per word, both halves of a 16-bit word
-    kept apart by a second mask (compiled: one packed 16-bit maximum per word).  A
-    non-finite code gives bits at or above
+    maximum is integer: one mask per word and one packed maximum of its 16-bit halves
+    (:func:`_max_u16x2`).  A non-finite code gives bits at or above
     :func:`inf_bits`; the caller then takes the decoded values instead."""
     W: tl.constexpr = N if C_FMT == K_FP32 else N // 2
     hi = tl.zeros((FB, W), tl.int32)
-    lo = tl.zeros((FB, W), tl.int32)
     for c in tl.range(0, NCH):
         offs_p = c * FB + tl.arange(0, FB)
         w = tl.load(c_words + mat * P * W + tile_offsets(offs_p, W), mask=(offs_p < P)[:, None],
                     other=0)
         if C_FMT == K_FP32:
             hi = tl.maximum(hi, w & 0x7FFFFFFF)
-        elif INTERPRETED:
-            a = w & 0x7FFF7FFF
-            hi = tl.maximum(hi, a)
-            lo = tl.maximum(lo, a & 0x7FFF)
         else:  # both halves by one packed maximum
             hi = _max_u16x2(hi, w & 0x7FFF7FFF)
     m = tl.max(tl.max(hi, axis=1), axis=0)
     if C_FMT != K_FP32:
-        if INTERPRETED:
-            m = tl.maximum(m >> 16, tl.max(tl.max(lo, axis=1), axis=0))
-        else:
-            m = tl.maximum(m >> 16, tl.max(tl.max(hi & 0x7FFF, axis=1), axis=0))
+        m = tl.maximum(m >> 16, tl.max(tl.max(hi & 0x7FFF, axis=1), axis=0))
     return m
 
 
 @triton.jit
 def _max_u16x2(a, b):
-    """The unsigned maximum of each 16-bit half of int32 ``a`` and ``b`` (compiled code:
-    one ``max.u16x2``)."""
-    return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b],
-                                     dtype=tl.int32, is_pure=True, pack=1)
+    """The unsigned maximum of each 16-bit half of int32 ``a`` and ``b`` whose halves'
+    top bits are clear (compiled: one ``max.u16x2``; interpreted: each half apart)."""
+    if INTERPRETED:
+        r = (tl.maximum(a >> 16, b >> 16) << 16) | tl.maximum(a & 0xFFFF, b & 0xFFFF)
+    else:
+        r = tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+    return r
 
 
 @triton.constexpr_function
