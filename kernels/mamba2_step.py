@@ -29,7 +29,15 @@ from .mamba2_kernel import MODE_STEP, mamba2_kernel
 from .read_encode import encode_read_copies, encodes_apart
 from .state import DENSE_FORMATS, StateStore, split_unsupported
 from .tl_common import RING_BF16, RING_FP16, RING_FP32
-from .tl_formats import FMT_BF16_SR, FMT_FP16_SR, FMT_NVFP4, compiled_on, format_id
+from .tl_formats import (
+    FMT_BF16_SR,
+    FMT_FP8,
+    FMT_FP16_SR,
+    FMT_FP32,
+    FMT_NVFP4,
+    compiled_on,
+    format_id,
+)
 
 _RING_IDS = {torch.float32: RING_FP32, torch.bfloat16: RING_BF16, torch.float16: RING_FP16}
 _BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "bf16-sr": 2.0, "fp16-sr": 2.0,
@@ -69,6 +77,15 @@ to post its part of the matrix amax encodes the copy) take it on grids of at mos
 ``NVFP4_ROWS_MAX_PROGRAMS`` programs: batch 1 9.7 / 9.6 us against 11.9 / 9.6 (a
 head's first program folding the whole head, before: 12.2 / 12.4); at batch 4 (1920 /
 2048 programs) 19.7 / 20.3 against 25.2 / 17.0."""
+
+ROW_SPLIT_ONE_WARP = (FMT_FP32, FMT_FP8)
+"""Read formats (fp32 checkpoint, no read copy or this copy) whose row-split step
+programs (``ROWS_PER_PROGRAM`` rows) run one warp by default: their reductions stay
+within the warp, with no shared-memory barriers (7 against 32 in the nano-4b fp32
+program, offline sm_90).  H200, batch 1, L = 16, us per step (window mean) with 4 / 1 /
+2 warps, nano-4b and super-120b: fp32 9.14-9.21 / 8.74 / 9.05 and 9.03-9.13 / 8.87 /
+9.21; fp32 + fp8 8.87-8.93 / 8.60 / 8.60 and 8.92-9.00 / 8.72 / 8.54.  nvfp4 copies
+keep 4 warps (2: within 0.1 us)."""
 
 NVFP4_ROWS_MAX_PROGRAMS = 512
 """Largest fused grid (slots x heads x row blocks) on which an nvfp4 copy's cache
@@ -487,6 +504,17 @@ def pick_warps(block_p: int, dstate: int, num_warps: int | None = None) -> int:
     return 4 if block_p * dstate <= 4096 else 8
 
 
+def fused_warps(rows_per_program: int | None, block_p: int, dstate: int, ck_id: int,
+                rd_id: int, num_warps: int | None = None) -> int:
+    """Warps per program of the fused launch: ``num_warps`` if given; one for row-split
+    step programs of an fp32 checkpoint read as fp32 or fp8 (``ROW_SPLIT_ONE_WARP``);
+    else :func:`pick_warps`."""
+    if num_warps is None and rows_per_program and ck_id == FMT_FP32 \
+            and rd_id in ROW_SPLIT_ONE_WARP:
+        return 1
+    return pick_warps(block_p, dstate, num_warps)
+
+
 def _strides(t: torch.Tensor | None, token_dim: bool) -> tuple[int, int]:
     if t is None:
         return 0, 0
@@ -541,7 +569,7 @@ def launch_replay(
     if rpp and block_p not in (None, rpp):
         raise ValueError(f"block_p {block_p} differs from the cache's rows_per_program {rpp}")
     bp = rpp or pick_block_p(P, N, ids, block_p)
-    nw = pick_warps(bp, N, num_warps)
+    nw = fused_warps(rpp, bp, N, ckpt.fmt_id, rd.fmt_id, num_warps)
     hpp = cache.heads_per_program
     ring_id = _RING_IDS[cache.ring_x.dtype]
     rx, rB = cache.ring_x, cache.ring_B

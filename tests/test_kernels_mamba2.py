@@ -27,6 +27,7 @@ from precisionlab.kernels.mamba2_step import (  # noqa: E402
     SplitConfig,
     _read_encode_apart,
     _split_defaults,
+    fused_warps,
     mamba2_conventional_step,
     mamba2_step,
 )
@@ -483,6 +484,21 @@ def test_rows_per_program_rejects_what_it_cannot_run(kwargs, match) -> None:
     args = dict(checkpoint_format="fp32", window=2, device=DEV, launch="fused") | kwargs
     with pytest.raises(ValueError, match=match):
         Mamba2Cache.allocate(2, H, P, N, G, **args)
+
+
+def test_row_split_step_programs_take_one_warp_for_fp32_and_fp8_reads() -> None:
+    """Row-split step programs of an fp32 checkpoint read as fp32 or fp8 run one warp by
+    default; 4-bit copies, 16-bit checkpoints, whole-head programs and an explicit
+    ``num_warps`` keep theirs."""
+    fp32, fp8, nv, f16 = (format_id(f) for f in ("fp32", "fp8-e4m3", "nvfp4", "fp16-sr"))
+    assert fused_warps(16, 16, 128, fp32, fp32) == 1
+    assert fused_warps(16, 16, 128, fp32, fp8) == 1
+    assert fused_warps(16, 16, 128, fp32, nv) == 4
+    assert fused_warps(16, 16, 128, f16, nv) == 4
+    assert fused_warps(16, 16, 128, f16, f16) == 4
+    assert fused_warps(0, 16, 128, fp32, fp8) == 4
+    assert fused_warps(None, 64, 128, fp32, fp32) == 8
+    assert fused_warps(16, 16, 128, fp32, fp8, num_warps=4) == 4
 
 
 @pytest.mark.parametrize("rows", [0, 16])
