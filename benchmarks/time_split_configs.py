@@ -11,6 +11,11 @@ see the run's noise.
         --out configs.json
     python benchmarks/time_split_configs.py --model qwen3.5-4b \\
         --design split-fp16sr-nvfp4 --config "" --config "num_warps=2 maxnreg=128"
+    python benchmarks/time_split_configs.py --launch fused --batch 1 \\
+        --design replay-fp32 --config "" --config "num_warps=4"
+
+``--launch fused`` (Mamba-2) times the one-launch kernel of small batches instead of
+the split launch; its configurations take ``num_warps`` only.
 
 Exit 2 with one line on bad arguments (every configuration is checked as the step
 checks it before any GPU work) or without a GPU; the JSON is written whole or not at
@@ -76,9 +81,14 @@ def check_gdn(fields: dict, preset, ck: str, rd: str | None, batch: int, window:
                    **fields)
 
 
+FUSED_FIELDS = ("num_warps",)
+"""The ``--config`` fields of a Mamba-2 ``--launch fused`` run."""
+
+
 def time_configs(model: str, design: str, configs: list[dict], batch: int, window: int,
-                 rounds: int, log=print) -> list[dict]:
-    """Output-step mean, flush and window mean (us) of each configuration."""
+                 rounds: int, log=print, launch: str = "split") -> list[dict]:
+    """Output-step mean, flush and window mean (us) of each configuration (Mamba-2:
+    of the ``launch`` it names)."""
     from precisionlab.presets import get_preset
     from precisionlab.studies.bench_mamba2 import _Problem, _Runner
 
@@ -95,7 +105,7 @@ def time_configs(model: str, design: str, configs: list[dict], batch: int, windo
     ck, rd = DESIGNS[design]
     rows = []
     for fields in configs:
-        times = runner.replay(prob, ck, rd, window, {"launch": "split", **fields})
+        times = runner.replay(prob, ck, rd, window, {"launch": launch, **fields})
         rows.append(window_row("config", fields, times, log))
     return rows
 
@@ -107,9 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", action="append", default=None, metavar='"F=V ..."',
                     help="SplitConfig fields (Mamba-2) or GDNReplayCache launch keywords "
                     "(GDN); repeat for each configuration; \"\" = the defaults")
+    ap.add_argument("--launch", choices=("split", "fused"), default="split",
+                    help="Mamba-2: the split launch or the one-launch kernel of small "
+                    "batches (field " + ", ".join(FUSED_FIELDS) + ")")
     add_window_args(ap)
     args = ap.parse_args(argv)
     preset = checked_preset(ap, args, ("mamba2", "gdn"))
+    if args.launch == "fused" and preset.kind == "gdn":
+        ap.error("--launch fused is for Mamba-2 models")
     ck, rd = DESIGNS[args.design]
     configs = []
     for text in args.config or [""]:
@@ -119,12 +134,15 @@ def main(argv: list[str] | None = None) -> int:
                 check_gdn(fields, preset, ck, rd, args.batch, args.window)
             else:
                 fields = _split_fields(text.split())
+                if args.launch == "fused" and set(fields) - set(FUSED_FIELDS):
+                    raise ValueError(f"--launch fused takes {', '.join(FUSED_FIELDS)} only")
                 _check_split(SplitConfig(**fields), preset, ck, rd)
         except (ValueError, TypeError) as e:
             ap.error(f"--config {text!r}: {e}")
         configs.append(fields)
     return run_timed("time_split_configs", args, "configuration", lambda: time_configs(
-        args.model, args.design, configs, args.batch, args.window, args.rounds))
+        args.model, args.design, configs, args.batch, args.window, args.rounds,
+        launch=args.launch))
 
 
 if __name__ == "__main__":
