@@ -82,10 +82,10 @@ ROW_SPLIT_ONE_WARP = (FMT_FP32, FMT_FP8)
 """Read formats (fp32 checkpoint, no read copy or this copy) whose row-split step
 programs (``ROWS_PER_PROGRAM`` rows) run one warp by default: their reductions stay
 within the warp, with no shared-memory barriers (7 against 32 in the nano-4b fp32
-program, offline sm_90).  H200, batch 1, L = 16, us per step (window mean) with 4 / 1 /
-2 warps, nano-4b and super-120b: fp32 9.14-9.21 / 8.74 / 9.05 and 9.03-9.13 / 8.87 /
-9.21; fp32 + fp8 8.87-8.93 / 8.60 / 8.60 and 8.92-9.00 / 8.72 / 8.54.  nvfp4 copies
-keep 4 warps (2: within 0.1 us)."""
+program, offline sm_90).  H200, batch 1, L = 16, us per step (window mean), means of
+three timings with 1 / 4 warps, nano-4b and super-120b: fp32 8.60 / 9.08 and 8.84 /
+9.03; fp32 + fp8 8.47 / 8.73 and 8.60 / 8.75 (single timings move by 0.2-0.3 us; 2
+warps were no faster).  nvfp4 copies keep 4 warps (2: within 0.1 us)."""
 
 NVFP4_ROWS_MAX_PROGRAMS = 512
 """Largest fused grid (slots x heads x row blocks) on which an nvfp4 copy's cache
