@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, TypeError) as e:
             ap.error(f"--config {text!r}: {e}")
         configs.append(fields)
-    return run_timed("time_split_configs", args, "configuration", lambda: time_configs(
+    label = "configuration" if args.launch == "split" else "fused-launch configuration"
+    return run_timed("time_split_configs", args, label, lambda: time_configs(
         args.model, args.design, configs, args.batch, args.window, args.rounds,
         launch=args.launch))
 
