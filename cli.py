@@ -436,19 +436,30 @@ def bench(
         help="Kernels: every sequence at ring position 0 (aligned: the whole batch "
              "flushes together) or sequence b at position b mod L (staggered: as when a "
              "server admits sequences on different steps).")] = Phases.aligned,
+    paired: Annotated[bool, typer.Option(
+        "--paired", help="Kernels: time ours and the peer in turn, round after round, at "
+                         "one model, batch (default 1) and window; speedups with 95% "
+                         "intervals.")] = False,
+    rounds: Annotated[int, typer.Option(help="Rounds of --paired.")] = 60,
+    mamba_ssm_path: Annotated[Path | None, typer.Option(
+        help="A state-spaces/mamba checkout: the Mamba-2 peer (else the installed "
+             "mamba_ssm).")] = None,
 ) -> None:
     """Benchmarks: the emulation engine, or the fused kernels on an NVIDIA GPU."""
 
     def run():
-        if what is BenchWhat.engine and phases is not Phases.aligned:
-            fail("--phases applies to the kernel benchmarks (--what mamba2 or gdn)")
-        if what is BenchWhat.engine:
+        if what is BenchWhat.engine and (phases is not Phases.aligned or paired):
+            fail("--phases and --paired apply to the kernel benchmarks (--what mamba2 or gdn)")
+        if paired:
+            ds = _bench_paired(what.value, model, batch, window, rounds, phases.value,
+                               mamba_ssm_path)
+        elif what is BenchWhat.engine:
             from precisionlab.studies.bench_engine import bench_engine
 
             ds = bench_engine((model or ["nemotron-3-nano-4b"])[0], (batch or [8])[0], steps,
                               device=device.value, backend=backend.value)
         else:
-            ds = _bench_kernels(what.value, model, batch, window, phases.value)
+            ds = _bench_kernels(what.value, model, batch, window, phases.value, mamba_ssm_path)
         _print_bench(ds)
         if out_path is not None:
             _write_bench(ds, out_path)
@@ -456,7 +467,7 @@ def bench(
     guarded(run)
 
 
-def _bench_kernels(kind: str, models, batches, windows, phases: str):
+def _bench_kernels(kind: str, models, batches, windows, phases: str, mamba_ssm_path=None):
     import torch
 
     if not torch.cuda.is_available():
@@ -467,10 +478,33 @@ def _bench_kernels(kind: str, models, batches, windows, phases: str):
     if kind == "mamba2":
         from precisionlab.studies.bench_mamba2 import bench_mamba2
 
-        return bench_mamba2(**kwargs)
+        return bench_mamba2(**kwargs, mamba_ssm_path=mamba_ssm_path)
     from precisionlab.studies.bench_gdn import bench_gdn
 
     return bench_gdn(**kwargs)
+
+
+def _bench_paired(kind: str, models, batches, windows, rounds: int, phases: str,
+                  mamba_ssm_path):
+    """``--paired``: one (model, batch, window) point of the paired timing."""
+    import torch
+
+    from precisionlab.presets import get_preset
+    from precisionlab.studies.paired import check_paired, paired_bench
+
+    if phases != "aligned":
+        fail("--paired times aligned windows only")
+    if len(models or []) > 1 or len(batches or []) > 1 or len(windows or []) > 1:
+        fail("--paired times one model, one batch and one window")
+    model = (models or ["nemotron-3-nano-4b" if kind == "mamba2" else "qwen3.5-4b"])[0]
+    batch, window = (batches or [1])[0], (windows or [16])[0]
+    if get_preset(model).kind != kind:
+        fail(f"--model {model} is a {get_preset(model).kind} model, not {kind}")
+    check_paired(model, None, batch, window, rounds)
+    if not torch.cuda.is_available():
+        fail(f"the {kind} kernel benchmark needs a CUDA GPU (try --what engine on a CPU)")
+    return paired_bench(model, batch=batch, window=window, rounds=rounds,
+                        mamba_ssm_path=mamba_ssm_path, log=lambda m: err.print(m, highlight=False))
 
 
 def _print_bench(ds) -> None:
@@ -480,6 +514,21 @@ def _print_bench(ds) -> None:
         for key in ("model", "batch", "designs", "device"):
             if key in ds.attrs:
                 out.print(f"{key}: {ds.attrs[key]}", highlight=False)
+        return
+    if "speedup_low" in ds:  # --paired
+        from precisionlab.studies.paired import paired_summary
+
+        doc = paired_summary(ds)
+        table = Table(title=f"{doc['model']}, batch {doc['batch']}, L = {doc['window']}, "
+                            f"{doc['rounds']} paired rounds against {doc['peer']}",
+                      title_justify="left")
+        for col in ("kernel", "us/step", f"x {doc['peer']}", "95% interval", "rounds faster"):
+            table.add_column(col)
+        for k, r in doc["kernels"].items():
+            table.add_row(k, f"{r['us_step']:.2f}", f"{r['speedup']:.3f}",
+                          f"{r['speedup_low']:.3f} - {r['speedup_high']:.3f}",
+                          f"{r['faster_share']:.0%}")
+        out.print(table)
         return
     out.print(ds.to_dataframe().dropna(how="all").to_string())
 

@@ -14,9 +14,10 @@ read + written) and a read-only Triton reduction (bytes read).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -85,6 +86,61 @@ class ColdL2Timer:
         replays (a ring window): ``rounds`` cycles, replay i at position i % period."""
         times = self.replays(step, period * rounds)
         return [statistics.median(times[p::period]) for p in range(period)]
+
+    def interleaved(self, steps: Mapping[str, tuple[GraphStep | torch.cuda.CUDAGraph, int]],
+                    rounds: int) -> dict[str, list[float]]:
+        """Paired timing of several graphs: in each of ``rounds`` rounds every graph
+        replays its period (a replay design's window, else 1) in the order
+        :func:`round_orders` gives, so drifts of the device's clocks and temperature
+        between rounds touch every graph alike.  Returns, per graph, the mean us per
+        step of each round (a window mean where the period is a window)."""
+        means: dict[str, list[float]] = {name: [] for name in steps}
+        for order in round_orders(list(steps), rounds):
+            for name in order:
+                graph, period = steps[name]
+                means[name].append(float(np.mean(self.replays(graph, period))))
+        return means
+
+
+def round_orders(names: Sequence[str], rounds: int) -> list[list[str]]:
+    """The order of ``names`` in each round of :meth:`ColdL2Timer.interleaved`: rotated
+    by one place per round, so each name comes first, second, ... equally often."""
+    n = len(names)
+    return [[names[(r + i) % n] for i in range(n)] for r in range(rounds)]
+
+
+def paired_speedups(means: Mapping[str, Sequence[float]], peer: str, *, level: float = 0.95,
+                    resamples: int = 4000, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Speedups over ``peer`` from per-round times of :meth:`ColdL2Timer.interleaved`.
+
+    For every name: ``us`` (median over rounds of its per-round us per step),
+    ``speedup`` (median over rounds of ``peer / name`` within a round), ``low`` and
+    ``high`` (a percentile-bootstrap interval of that median at ``level``, resampling
+    rounds with a fixed seed) and ``faster`` (the share of rounds in which it took at
+    most the peer's time).  Raises ValueError without the peer, with rounds of
+    unequal count, or with fewer than 2 rounds."""
+    if peer not in means:
+        raise ValueError(f"no times of the peer {peer!r} (have: {', '.join(means)})")
+    counts = {len(v) for v in means.values()}
+    if len(counts) != 1:
+        raise ValueError(f"every name needs the same number of rounds, got {sorted(counts)}")
+    if counts.pop() < 2:
+        raise ValueError("paired speedups need at least 2 rounds")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    base = np.asarray(means[peer], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, base.size, size=(resamples, base.size))
+    out = {}
+    for name, times in means.items():
+        t = np.asarray(times, dtype=np.float64)
+        ratio = base / t
+        boot = np.median(ratio[picks], axis=1)
+        lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+        out[name] = {"us": float(np.median(t)), "speedup": float(np.median(ratio)),
+                     "low": float(lo), "high": float(hi),
+                     "faster": float(np.mean(t <= base))}
+    return out
 
 
 @triton.jit

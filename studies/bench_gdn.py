@@ -199,6 +199,11 @@ def _cfg(configs: dict | None, variant: str, batch: int) -> dict:
 
 
 def time_conventional(s: Shape, clock: Clock, cfg: dict | None = None) -> float:
+    return clock.median(conventional_graph(s, clock, cfg))
+
+
+def conventional_graph(s: Shape, clock: Clock, cfg: dict | None = None):
+    """The captured conventional step (``cfg``: block_v, num_warps)."""
     from precisionlab.kernels.gdn_decode import conventional_step
     from precisionlab.kernels.state import StateStore
 
@@ -207,10 +212,9 @@ def time_conventional(s: Shape, clock: Clock, cfg: dict | None = None) -> float:
     store = StateStore.encode(_state0(s, clock.device), "fp32")
     idx = torch.arange(s.batch, dtype=torch.int32, device=clock.device)
     out = torch.empty(s.batch, s.HV, s.V, device=clock.device)
-    g = clock.graph(lambda: conventional_step(
+    return clock.graph(lambda: conventional_step(
         x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], store, idx,
         out=out, block_v=cfg.get("block_v"), num_warps=cfg.get("num_warps")))
-    return clock.median(g)
 
 
 def fla_available() -> bool:
@@ -224,6 +228,11 @@ def fla_available() -> bool:
 def time_fla(s: Shape, clock: Clock) -> float:
     """fla's fused_recurrent_gated_delta_rule, one token, fp32 state, gates and
     L2 norm in the kernel (its Qwen3-Next decode configuration)."""
+    return clock.median(fla_graph(s, clock))
+
+
+def fla_graph(s: Shape, clock: Clock):
+    """The captured step of the peer (:func:`time_fla`)."""
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
     x = _inputs(s, clock.device)
@@ -238,7 +247,7 @@ def time_fla(s: Shape, clock: Clock) -> float:
             dt_bias=x["dt_bias"], use_beta_sigmoid_in_kernel=True)
 
     with torch.inference_mode():
-        return clock.median(clock.graph(run))
+        return clock.graph(run)
 
 
 def time_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
@@ -250,6 +259,13 @@ def time_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
     (sequence b starts at position b mod L, as when a server admits sequences on
     different steps: every step flushes about 1/L of the batch; the medians are then
     per step of the cycle, not per ring position)."""
+    return clock.cycle(replay_graph(s, clock, ckpt, read, L, cfg), L, rounds)
+
+
+def replay_graph(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
+                 cfg: dict | None = None):
+    """The captured step of a replay design (:func:`time_replay`), its ring at
+    position 0: each further window of L replays times every position once."""
     from precisionlab.kernels.gdn_decode import GDNReplayCache
 
     cfg = dict(cfg or {})
@@ -270,7 +286,7 @@ def time_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
 
         stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
         clock.run(g, L)  # one untimed window: every ring entry written once
-    return clock.cycle(g, L, rounds)
+    return g
 
 
 

@@ -303,6 +303,10 @@ class _Runner:
         self.timer, self.rounds, self.log = timer, rounds, log
 
     def conventional(self, prob: _Problem, cfg, fmt: str = "fp32") -> list[float]:
+        return [self.timer.median(self.conventional_graph(prob, cfg, fmt), 4 * self.rounds)]
+
+    def conventional_graph(self, prob: _Problem, cfg, fmt: str = "fp32"):
+        """The captured conventional step (``cfg``: (block_p, num_warps))."""
         from precisionlab.kernels.mamba2_step import HeadParams, mamba2_conventional_step
         from precisionlab.kernels.state import StateStore
         from precisionlab.timing import capture
@@ -311,12 +315,15 @@ class _Runner:
         inp = prob.step_inputs()
         head = HeadParams(prob.A, prob.D, prob.dt_bias)
         out = torch.empty_like(inp["x"])
-        g = capture(lambda: mamba2_conventional_step(
+        return capture(lambda: mamba2_conventional_step(
             store, inp["x"], inp["dt"], inp["B"], inp["C"], head, z=inp["z"],
             dt_softplus=True, out=out, block_p=cfg[0], num_warps=cfg[1]))
-        return [self.timer.median(g, 4 * self.rounds)]
 
     def peer(self, prob: _Problem, ssu: Callable) -> list[float]:
+        return [self.timer.median(self.peer_graph(prob, ssu), 4 * self.rounds)]
+
+    def peer_graph(self, prob: _Problem, ssu: Callable):
+        """The captured step of the peer's ``selective_state_update``."""
         from precisionlab.timing import capture
 
         state = prob.state()
@@ -327,12 +334,19 @@ class _Runner:
         dtb = prob.dt_bias[:, None].expand(H, P)
         dt = inp["dt"][..., None].expand(prob.batch, H, P)
         idx = torch.arange(prob.batch, dtype=torch.int32, device=prob.device)
-        g = capture(lambda: ssu(state, inp["x"], dt, A, inp["B"], inp["C"], D=D, z=inp["z"],
-                                dt_bias=dtb, dt_softplus=True, state_batch_indices=idx))
-        return [self.timer.median(g, 4 * self.rounds)]
+        return capture(lambda: ssu(state, inp["x"], dt, A, inp["B"], inp["C"], D=D, z=inp["z"],
+                                   dt_bias=dtb, dt_softplus=True, state_batch_indices=idx))
 
     def replay(self, prob: _Problem, ck: str, rd: str | None, L: int, cfg,
                compile_only: bool = False) -> list[float]:
+        g = self.replay_graph(prob, ck, rd, L, cfg, compile_only)
+        return [] if g is None else self.timer.cycle(g, L, self.rounds)
+
+    def replay_graph(self, prob: _Problem, ck: str, rd: str | None, L: int, cfg,
+                     compile_only: bool = False):
+        """The captured step of a replay design, after one untimed window (back at
+        ring position 0: each further window of L replays times every position once);
+        None with ``compile_only`` (the kernels compiled, nothing captured)."""
         from precisionlab.kernels.mamba2_step import (
             HeadParams,
             Mamba2Cache,
@@ -366,14 +380,14 @@ class _Runner:
             for _ in range(L):
                 fn()
             torch.cuda.synchronize()
-            return []
+            return None
         g = capture(fn)
         for t in (cache.ring_len, cache.steps, cache.tickets):
             t.zero_()
         if phases == "staggered" and cache.launch == "split":  # the clock counts steps
             stagger_clocks(cache.tickets[:prob.batch], L, 1)
         self.timer.replays(g, L)  # one untimed window; back at ring position 0
-        return self.timer.cycle(g, L, self.rounds)
+        return g
 
     def verify(self, prob: _Problem, L: int, T: int, cfg,
                compile_only: bool = False) -> list[float]:
@@ -407,6 +421,19 @@ class _Runner:
         period = max(1, L // T)
         self.timer.replays(g, 1 + period)  # committed count now T: the cycle starts
         return self.timer.cycle(g, period, self.rounds)
+
+    def graph(self, kernel: str, prob: _Problem, L: int, cfg, ssu) -> tuple[object, int]:
+        """``(captured step, period)`` of a conventional, peer or replay-design kernel
+        for paired timing (:meth:`precisionlab.timing.ColdL2Timer.interleaved`): the
+        period is the window for a replay design, else 1."""
+        if kernel == "conventional":
+            return self.conventional_graph(prob, cfg), 1
+        if kernel == "mamba_ssm":
+            return self.peer_graph(prob, ssu), 1
+        if kernel not in DESIGNS or kernel == "verify-T4":
+            raise ValueError(f"no paired timing for {kernel!r}")
+        ck, rd = DESIGNS[kernel]
+        return self.replay_graph(prob, ck, rd, L, cfg), L
 
     def run(self, kernel: str, prob: _Problem, L: int, cfg, ssu,
             compile_only: bool = False) -> list[float]:

@@ -86,9 +86,17 @@ def test_gate_against_a_baseline(result_file):
         (["gate", "RESULT"], "give a bound"),
         (["gate", "RESULT", "--max-rel-err", "1", "--at", "soon"], "--at must be"),
         (["plot", "RESULT", "--out", "x.jpg"], "PNG"),
-        (["bench", "--phases", "staggered"], "--phases applies to the kernel benchmarks"),
+        (["bench", "--phases", "staggered"], "--phases and --paired apply to the kernel"),
         (["bench", "--what", "gdn", "--phases", "random"], "random"),
         (["bench", "--what", "mamba2", "--phases", "staggered", "--out", "b.nc"], "CUDA"),
+        (["bench", "--paired"], "--phases and --paired apply to the kernel benchmarks"),
+        (["bench", "--what", "gdn", "--paired", "--model", "nemotron-3-nano-4b"],
+         "is a mamba2 model, not gdn"),
+        (["bench", "--what", "gdn", "--paired", "--batch", "1", "--batch", "4"],
+         "one model, one batch and one window"),
+        (["bench", "--what", "gdn", "--paired", "--rounds", "1"], "rounds >= 2"),
+        (["bench", "--what", "mamba2", "--paired", "--phases", "staggered"], "aligned"),
+        (["bench", "--what", "mamba2", "--paired", "--out", "p.json"], "CUDA"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, result_file, tmp_path, monkeypatch):

@@ -1,0 +1,98 @@
+"""Paired timing against the peer: the round orders, the per-round means, the
+speedup statistics and the argument checks (CPU: the timer's replays are stubbed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from precisionlab.studies.paired import KERNELS, PairedError, check_paired
+from precisionlab.timing import ColdL2Timer, paired_speedups, round_orders
+
+
+def test_round_orders_rotate_every_name_through_every_place() -> None:
+    names = ["peer", "a", "b"]
+    orders = round_orders(names, 6)
+    assert all(sorted(o) == sorted(names) for o in orders)
+    for place in range(3):
+        firsts = [o[place] for o in orders]
+        assert all(firsts.count(n) == 2 for n in names)
+
+
+class _StubTimer(ColdL2Timer):
+    """Replays return the graph's per-replay times in call order (no GPU)."""
+
+    def __init__(self, clock: dict[str, list[float]]):
+        self.calls: list[tuple[str, int]] = []
+        self.clock = clock
+
+    def replays(self, step, n):
+        self.calls.append((step, n))
+        return [self.clock[step].pop(0) for _ in range(n)]
+
+
+def test_interleaved_times_each_period_per_round_and_averages_it() -> None:
+    t = _StubTimer({"peer": [8.0, 9.0], "win": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]})
+    means = t.interleaved({"peer": ("peer", 1), "win": ("win", 3)}, 2)
+    assert t.calls == [("peer", 1), ("win", 3), ("win", 3), ("peer", 1)]
+    assert means == {"peer": [8.0, 9.0], "win": [2.0, 5.0]}
+
+
+def test_a_common_drift_cancels_in_the_paired_speedup() -> None:
+    rng = np.random.default_rng(1)
+    drift = 8.0 * (1.0 + 0.1 * rng.standard_normal(40))  # clocks moving round to round
+    st = paired_speedups({"peer": drift, "ours": drift / 1.05, "slow": drift * 1.1}, "peer")
+    assert st["ours"]["speedup"] == pytest.approx(1.05)
+    assert st["ours"]["low"] == pytest.approx(1.05) and st["ours"]["high"] == pytest.approx(1.05)
+    assert st["ours"]["faster"] == 1.0 and st["slow"]["faster"] == 0.0
+    assert st["slow"]["speedup"] == pytest.approx(1 / 1.1)
+    assert st["peer"]["speedup"] == 1.0
+    assert st["ours"]["us"] == pytest.approx(np.median(drift / 1.05))
+
+
+def test_noisy_rounds_give_an_interval_around_the_median_ratio() -> None:
+    rng = np.random.default_rng(2)
+    peer = 8.0 + 0.3 * rng.standard_normal(60)
+    ours = 8.0 + 0.3 * rng.standard_normal(60)
+    st = paired_speedups({"peer": peer, "ours": ours}, "peer")["ours"]
+    assert st["low"] < st["speedup"] < st["high"]
+    assert st["low"] < 1.0 < st["high"]  # the same kernel speed: the interval holds 1
+    assert 0.0 < st["faster"] < 1.0
+
+
+@pytest.mark.parametrize("means,peer,msg", [
+    ({"ours": [1.0, 2.0]}, "peer", "no times of the peer"),
+    ({"peer": [1.0, 2.0], "ours": [1.0]}, "peer", "same number of rounds"),
+    ({"peer": [1.0], "ours": [1.0]}, "peer", "at least 2 rounds"),
+])
+def test_paired_speedups_reject_bad_rounds(means, peer, msg) -> None:
+    with pytest.raises(ValueError, match=msg):
+        paired_speedups(means, peer)
+
+
+def test_check_paired_defaults_and_errors() -> None:
+    assert check_paired("qwen3.5-4b", None, 1, 16, 2) == ("gdn", list(KERNELS["gdn"]))
+    assert check_paired("nemotron-3-nano-4b", ["replay-fp32", "replay-fp32"], 1, 16, 2) == (
+        "mamba2", ["replay-fp32"])
+    with pytest.raises(PairedError, match="unknown model"):
+        check_paired("no-such-model", None, 1, 16, 2)
+    with pytest.raises(PairedError, match="verify-T4"):
+        check_paired("nemotron-3-nano-4b", ["verify-T4"], 1, 16, 2)
+    with pytest.raises(PairedError, match="rounds >= 2"):
+        check_paired("nemotron-3-nano-4b", None, 1, 16, 1)
+
+
+def test_the_script_without_a_gpu_exits_2_and_writes_nothing(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("times kernels where there is a GPU")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "paired_bench.py"
+    r = subprocess.run([sys.executable, str(script), "--out", "p.json"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
+    assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
