@@ -60,7 +60,7 @@ def check_paired(model: str, kernels: Sequence[str] | None, batch: int, window: 
 
 
 def _mamba2_graphs(model: str, batch: int, window: int, kernels: Sequence[str],
-                   mamba_ssm_path: str | Path | None, dev: torch.device) -> dict:
+                   mamba_ssm_path: str | Path | None, dev: torch.device, timer) -> dict:
     from precisionlab.studies.bench_mamba2 import (
         CANDIDATES,
         _Problem,
@@ -73,7 +73,7 @@ def _mamba2_graphs(model: str, batch: int, window: int, kernels: Sequence[str],
         ssu = load_mamba_ssm(mamba_ssm_path or "")
     except (ImportError, FileNotFoundError, OSError) as e:
         raise PairedError(f"mamba_ssm is needed as the peer ({e}); pass its checkout") from None
-    runner = _Runner(None, 1, lambda _: None)
+    runner = _Runner(timer, 1, lambda _: None)  # (it replays each window once, untimed)
     prob = _Problem(model, batch, dev)
     cfgs = {k: CANDIDATES[k][0] for k in kernels if k in CANDIDATES}
     return {k: runner.graph(k, prob, window, config_at(k, batch, prob.H, cfgs), ssu)
@@ -126,9 +126,9 @@ def paired_bench(model: str, *, batch: int = 1, window: int = 16,
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise PairedError("paired timing needs a CUDA GPU")
     peer = PEERS[kind]
-    graphs = (_mamba2_graphs(model, batch, window, kernels, mamba_ssm_path, dev)
-              if kind == "mamba2" else _gdn_graphs(model, batch, window, kernels, dev))
     timer = ColdL2Timer(dev)
+    graphs = (_mamba2_graphs(model, batch, window, kernels, mamba_ssm_path, dev, timer)
+              if kind == "mamba2" else _gdn_graphs(model, batch, window, kernels, dev))
     timer.interleaved(graphs, 1)  # one untimed round: every window back at position 0
     means = timer.interleaved(graphs, rounds)
     stats = paired_speedups(means, peer)
