@@ -64,16 +64,30 @@ class ColdL2Timer:
 
     def replays(self, step: GraphStep | torch.cuda.CUDAGraph, n: int) -> list[float]:
         """Microseconds of ``n`` consecutive replays, each with a cold L2."""
+        pending = self._enqueue(step, n)
+        self._sync()
+        return self._elapsed(pending)
+
+    def _enqueue(self, step: GraphStep | torch.cuda.CUDAGraph, n: int) -> list:
+        """Queue ``n`` replays, each behind an L2 flush and between two events."""
         g = step.graph if isinstance(step, GraphStep) else step
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        pending = []
         for i in range(n):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             self.flush.fill_(float(i & 7))
-            starts[i].record()
+            start.record()
             g.replay()
-            ends[i].record()
+            end.record()
+            pending.append((start, end))
+        return pending
+
+    @staticmethod
+    def _sync() -> None:
         torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)]
+
+    @staticmethod
+    def _elapsed(pending: list) -> list[float]:
+        return [s.elapsed_time(e) * 1e3 for s, e in pending]
 
     def median(self, step: GraphStep | torch.cuda.CUDAGraph, n: int = 20) -> float:
         """Median microseconds of ``n`` cold-L2 replays (one warm-up replay first)."""
@@ -92,13 +106,18 @@ class ColdL2Timer:
         """Paired timing of several graphs: in each of ``rounds`` rounds every graph
         replays its period (a replay design's window, else 1) in the order
         :func:`round_orders` gives, so drifts of the device's clocks and temperature
-        between rounds touch every graph alike.  Returns, per graph, the mean us per
-        step of each round (a window mean where the period is a window)."""
+        between rounds touch every graph alike.  A round's replays are queued behind
+        one extra flush and waited for together, so the host stays ahead of the device
+        (a replay queued after a synchronisation would time the host's launch too).
+        Returns, per graph, the mean us per step of each round (a window mean where
+        the period is a window)."""
         means: dict[str, list[float]] = {name: [] for name in steps}
         for order in round_orders(list(steps), rounds):
-            for name in order:
-                graph, period = steps[name]
-                means[name].append(float(np.mean(self.replays(graph, period))))
+            self.flush.fill_(0.0)  # device work while the round is queued
+            pending = {name: self._enqueue(*steps[name]) for name in order}
+            self._sync()
+            for name, timed in pending.items():
+                means[name].append(float(np.mean(self._elapsed(timed))))
         return means
 
 

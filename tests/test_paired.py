@@ -20,21 +20,34 @@ def test_round_orders_rotate_every_name_through_every_place() -> None:
 
 
 class _StubTimer(ColdL2Timer):
-    """Replays return the graph's per-replay times in call order (no GPU)."""
+    """Queued replays come back as the graph's next times (no GPU); records the
+    queueing and the synchronisations."""
 
     def __init__(self, clock: dict[str, list[float]]):
-        self.calls: list[tuple[str, int]] = []
+        self.calls: list[tuple[str, int] | str] = []
         self.clock = clock
+        self.flush = self
 
-    def replays(self, step, n):
+    def fill_(self, value: float) -> None:
+        self.calls.append("flush")
+
+    def _enqueue(self, step, n):
         self.calls.append((step, n))
         return [self.clock[step].pop(0) for _ in range(n)]
 
+    def _sync(self) -> None:
+        self.calls.append("sync")
 
-def test_interleaved_times_each_period_per_round_and_averages_it() -> None:
+    @staticmethod
+    def _elapsed(pending):
+        return pending
+
+
+def test_interleaved_queues_a_round_then_waits_once_and_averages_each_period() -> None:
     t = _StubTimer({"peer": [8.0, 9.0], "win": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]})
     means = t.interleaved({"peer": ("peer", 1), "win": ("win", 3)}, 2)
-    assert t.calls == [("peer", 1), ("win", 3), ("win", 3), ("peer", 1)]
+    assert t.calls == ["flush", ("peer", 1), ("win", 3), "sync",
+                       "flush", ("win", 3), ("peer", 1), "sync"]
     assert means == {"peer": [8.0, 9.0], "win": [2.0, 5.0]}
 
 
