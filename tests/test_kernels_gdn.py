@@ -102,8 +102,22 @@ def assert_read_bits(read: StateStore, checkpoint: str, S: torch.Tensor, seed: i
 
 
 # --------------------------------------------------------------- conventional
-@pytest.mark.parametrize("ring", [torch.float32, torch.bfloat16])
-def test_conventional_fp32_matches_layer(ring: torch.dtype) -> None:
+def test_conventional_default_config_by_state_format() -> None:
+    """fp32 states: 8-row one-warp programs (the benchmarked configuration); nvfp4:
+    whole matrices; other formats: 16 or 32 rows by grid size."""
+    from precisionlab.kernels.gdn_decode import default_config
+
+    assert default_config(1, 32, 128, 128, fmt="fp32") == (8, 1)
+    assert default_config(256, 32, 128, 128, fmt="fp32") == (8, 1)
+    assert default_config(1, 4, 4, 16, fmt="fp32") == (4, 1)
+    assert default_config(1, 32, 128, 128, True, fmt="nvfp4") == (128, 16)
+    assert default_config(1, 32, 128, 128, fmt="bf16") == (16, 2)
+    assert default_config(256, 32, 128, 128, fmt="fp16-sr") == (32, 4)
+
+
+@pytest.mark.parametrize("ring,block_v", [(torch.float32, 16), (torch.bfloat16, 16),
+                                          (torch.float32, None)])
+def test_conventional_fp32_matches_layer(ring: torch.dtype, block_v: int | None) -> None:
     kind, params, raws = setup(steps=2, batch=3)
     idx = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
     live = torch.tensor([0, 2], device=DEV)
@@ -112,7 +126,7 @@ def test_conventional_fp32_matches_layer(ring: torch.dtype) -> None:
     S_ref = S_all[idx[live].long()]
     for raw in raws:
         o = conventional_step(*args(raw), params.A_log, params.dt_bias, store, idx,
-                              kv_dtype=ring, block_v=16)
+                              kv_dtype=ring, block_v=block_v)
         inp = kind.prepare(raw, params, ring)
         inp = gdn.GDNInputs(*(getattr(inp, n)[live] for n in ("q", "k", "v", "g", "beta")))
         S_ref, o_ref = gdn.conventional_step(S_ref, inp, params)
