@@ -440,7 +440,8 @@ def bench(
         "--paired", help="Kernels: time ours and the peer in turn, round after round, at "
                          "one model, batch (default 1) and window; speedups with 95% "
                          "intervals.")] = False,
-    rounds: Annotated[int, typer.Option(help="Rounds of --paired.")] = 60,
+    rounds: Annotated[int | None, typer.Option(
+        help="Rounds of --paired (default 60).")] = None,
     mamba_ssm_path: Annotated[Path | None, typer.Option(
         help="A state-spaces/mamba checkout: the Mamba-2 peer (else the installed "
              "mamba_ssm).")] = None,
@@ -450,8 +451,15 @@ def bench(
     def run():
         if what is BenchWhat.engine and (phases is not Phases.aligned or paired):
             fail("--phases and --paired apply to the kernel benchmarks (--what mamba2 or gdn)")
+        if rounds is not None and not paired:
+            fail("--rounds applies to --paired")
+        if mamba_ssm_path is not None:
+            if what is not BenchWhat.mamba2:
+                fail("--mamba-ssm-path applies to --what mamba2")
+            if not mamba_ssm_path.is_dir():
+                fail(f"--mamba-ssm-path {str(mamba_ssm_path)!r} is not a folder")
         if paired:
-            ds = _bench_paired(what.value, model, batch, window, rounds, phases.value,
+            ds = _bench_paired(what.value, model, batch, window, rounds or 60, phases.value,
                                mamba_ssm_path)
         elif what is BenchWhat.engine:
             from precisionlab.studies.bench_engine import bench_engine

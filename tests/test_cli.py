@@ -97,6 +97,9 @@ def test_gate_against_a_baseline(result_file):
         (["bench", "--what", "gdn", "--paired", "--rounds", "1"], "rounds >= 2"),
         (["bench", "--what", "mamba2", "--paired", "--phases", "staggered"], "aligned"),
         (["bench", "--what", "mamba2", "--paired", "--out", "p.json"], "CUDA"),
+        (["bench", "--what", "gdn", "--rounds", "5"], "--rounds applies to --paired"),
+        (["bench", "--what", "gdn", "--mamba-ssm-path", "."], "applies to --what mamba2"),
+        (["bench", "--what", "mamba2", "--mamba-ssm-path", "no/such/dir"], "is not a folder"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, result_file, tmp_path, monkeypatch):
