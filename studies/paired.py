@@ -116,7 +116,9 @@ def paired_bench(model: str, *, batch: int = 1, window: int = 16,
     ``faster_share`` (rounds in which ours took at most the peer's time).  The peer
     is mamba_ssm's ``selective_state_update`` (Mamba-2; loaded from ``mamba_ssm_path``
     or the installed package) or fla's ``fused_recurrent_gated_delta_rule`` (GDN).
-    Kernels run with their library defaults at this batch."""
+    Kernels run as the block benchmarks run them untuned: Mamba-2 with each design's
+    first candidate (the library's own defaults at small batches), GDN with the
+    library's defaults."""
     import triton
 
     from precisionlab.timing import ColdL2Timer, paired_speedups
