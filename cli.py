@@ -475,11 +475,16 @@ def bench(
     guarded(run)
 
 
-def _bench_kernels(kind: str, models, batches, windows, phases: str, mamba_ssm_path=None):
+def _require_cuda(kind: str) -> None:
+    """One line and exit 2 where there is no CUDA GPU for the ``kind`` kernels."""
     import torch
 
     if not torch.cuda.is_available():
         fail(f"the {kind} kernel benchmark needs a CUDA GPU (try --what engine on a CPU)")
+
+
+def _bench_kernels(kind: str, models, batches, windows, phases: str, mamba_ssm_path=None):
+    _require_cuda(kind)
     kwargs = {k: v for k, v in (("models", models), ("batches", batches), ("windows", windows))
               if v}
     kwargs["phases"] = phases
@@ -495,8 +500,6 @@ def _bench_kernels(kind: str, models, batches, windows, phases: str, mamba_ssm_p
 def _bench_paired(kind: str, models, batches, windows, rounds: int, phases: str,
                   mamba_ssm_path):
     """``--paired``: one (model, batch, window) point of the paired timing."""
-    import torch
-
     from precisionlab.presets import get_preset
     from precisionlab.studies.paired import check_paired, paired_bench
 
@@ -506,11 +509,11 @@ def _bench_paired(kind: str, models, batches, windows, rounds: int, phases: str,
         fail("--paired times one model, one batch and one window")
     model = (models or ["nemotron-3-nano-4b" if kind == "mamba2" else "qwen3.5-4b"])[0]
     batch, window = (batches or [1])[0], (windows or [16])[0]
-    if get_preset(model).kind != kind:
-        fail(f"--model {model} is a {get_preset(model).kind} model, not {kind}")
+    model_kind = get_preset(model).kind
+    if model_kind != kind:
+        fail(f"--model {model} is a {model_kind} model, not {kind}")
     check_paired(model, None, batch, window, rounds)
-    if not torch.cuda.is_available():
-        fail(f"the {kind} kernel benchmark needs a CUDA GPU (try --what engine on a CPU)")
+    _require_cuda(kind)
     return paired_bench(model, batch=batch, window=window, rounds=rounds,
                         mamba_ssm_path=mamba_ssm_path, log=lambda m: err.print(m, highlight=False))
 
