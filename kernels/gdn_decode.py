@@ -254,7 +254,11 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
             nw = 1 if big else 4
         else:
             nw = 4
-        return dict(launch="fused", block_v=bv, num_warps=nw, maxnreg=None,
+        # 4-warp programs on a grid past 384: capped at 128 registers, 4 per SM (with the
+        # step's inputs loaded beside the slot index, qwen3.5-122b's nvfp4 programs took
+        # 168 and 3 per SM: 9.8 -> 11.4 us per step at batch 1; at 128, no spills)
+        mr = 128 if big and nw == 4 else None
+        return dict(launch="fused", block_v=bv, num_warps=nw, maxnreg=mr,
                     tiles_per_program=1, stages=1, flush_chunk=min(bv, 16), flush_stages=1,
                     out_maxnreg=None, verify_maxnreg=None, prep_maxnreg=None,
                     flush_ctas_per_sm=4,
@@ -550,6 +554,8 @@ class GDNReplayCache:
                 cfg["tiles_per_program"] = 1
             if flush_chunk is None:
                 cfg["flush_chunk"] = min(block_v, cfg["flush_chunk"])
+        if num_warps is not None and maxnreg is None and cfg["launch"] == "fused":
+            cfg["maxnreg"] = None  # the fused default's cap is its 4-warp programs'
         cfg.update({k: v for k, v in given.items() if v is not None})
         if cfg["launch"] != "staged":  # defaults of the staged launch only
             cfg["out_mma"] = bool(out_mma)

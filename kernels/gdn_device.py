@@ -9,10 +9,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gdn_extra import qk_at, tile_dots
+from .gdn_extra import tile_dots
 from .tl_common import ring_load, ring_load_raw, ring_round, softplus
 from .tl_dots import F16_SPLIT_SCALE, NVFP4_WORD_SCALE, dot_fp32, fp8_tile_dot, nvfp4_word_dot
-from .tl_formats import K_FP8, K_NVFP4, load_state, matrix_amax, store_state
+from .tl_formats import K_FP8, K_NVFP4, div_shared, load_state, matrix_amax, store_state
 
 
 @triton.jit
@@ -27,35 +27,57 @@ def _row_head(state_idx, HK: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
-def _gates(a_ptr, b_ptr, A_log, dt_bias, h):
-    """``(g, beta)`` of value head ``h`` (fp32 scalars)."""
+def _gate_inputs(a_ptr, b_ptr, A_log, dt_bias, h):
+    """The raw ``(a, b, A_log, dt_bias)`` of value head ``h`` (fp32 scalars): loads a
+    kernel can issue early and turn into gates (:func:`_gate_values`) later."""
     a = tl.load(a_ptr).to(tl.float32)
     b = tl.load(b_ptr).to(tl.float32)
     A = tl.load(A_log + h).to(tl.float32)
     dtb = tl.load(dt_bias + h).to(tl.float32)
+    return a, b, A, dtb
+
+
+@triton.jit
+def _gate_values(a, b, A, dtb):
+    """``(g, beta)`` from :func:`_gate_inputs`."""
     g = -tl.exp(A) * softplus(a + dtb)
     beta = 1.0 / (1.0 + tl.exp(-b))
     return g, beta
 
 
 @triton.jit
-def _norms(q_ptr, k_ptr, K: tl.constexpr):
-    """L2 norms of the raw q and k rows, clamped at 1e-6 (``F.normalize``)."""
+def _gates(a_ptr, b_ptr, A_log, dt_bias, h):
+    """``(g, beta)`` of value head ``h`` (fp32 scalars)."""
+    a, b, A, dtb = _gate_inputs(a_ptr, b_ptr, A_log, dt_bias, h)
+    return _gate_values(a, b, A, dtb)
+
+
+@triton.jit
+def _qk_raw(q_ptr, k_ptr, K: tl.constexpr):
+    """The raw q and k rows as fp32 (K,) vectors."""
     offs_k = tl.arange(0, K)
-    q = tl.load(q_ptr + offs_k).to(tl.float32)
-    k = tl.load(k_ptr + offs_k).to(tl.float32)
+    return tl.load(q_ptr + offs_k).to(tl.float32), tl.load(k_ptr + offs_k).to(tl.float32)
+
+
+@triton.jit
+def _prep_qk_from(q, k, K: tl.constexpr, RING: tl.constexpr):
+    """:func:`_prep_qk` of rows already loaded (:func:`_qk_raw`): a kernel issues those
+    loads beside the slot index's, so the normalisation runs while the state is in
+    flight instead of after it."""
     qn = tl.maximum(tl.sqrt_rn(tl.sum(q * q, axis=0)), 1e-6)
     kn = tl.maximum(tl.sqrt_rn(tl.sum(k * k, axis=0)), 1e-6)
-    return qn, kn
+    return div_shared(q, qn) * (K**-0.5), ring_round(div_shared(k, kn), RING), qn, kn
 
 
 @triton.jit
 def _prep_qk(q_ptr, k_ptr, K: tl.constexpr, RING: tl.constexpr):
-    """Normalised q (scaled by K**-0.5), k rounded to the ring dtype (fp32 (K,) each),
-    and the two clamped norms."""
-    qn, kn = _norms(q_ptr, k_ptr, K)
-    q, k = qk_at(q_ptr, k_ptr, tl.arange(0, K), qn, kn, K, RING)
-    return q, k, qn, kn
+    """Normalised q (scaled by K**-0.5; L2 norms clamped at 1e-6, as ``F.normalize``), k
+    rounded to the ring dtype (fp32 (K,) each), and the two clamped norms.  Each row is
+    divided by its norm through one correctly rounded reciprocal and a corrected
+    product (``tl_formats.div_shared``: IEEE division's values wherever ``|x| >
+    2**-100``)."""
+    q, k = _qk_raw(q_ptr, k_ptr, K)
+    return _prep_qk_from(q, k, K, RING)
 
 
 @triton.jit

@@ -8,7 +8,6 @@
   are turned into float bits with two shifts and a merge, block scales applied once
   per block).  The values are those of ``tl_formats.decode_tile``; only the order of
   the fp32 operations differs.
-* :func:`qk_at`: the prepared q and k at given element offsets.
 * :func:`inv_unit_lower`: ``(I + N)^-1`` of a strictly lower-triangular ``N`` by
   repeated squaring (``log2`` of its size small matrix products) or by forward
   substitution (a sixth of the multiplications, in sequence).
@@ -19,7 +18,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tl_common import ring_round
 from .tl_formats import (
     K_BF16,
     K_BF16_SR,
@@ -30,24 +28,11 @@ from .tl_formats import (
     K_MXFP4,
     K_NVFP4,
     bf16_bits_to_f32,
-    div_shared,
     e4m3_value_hw,
     e8m0_value,
     fp16_bits_to_f32,
 )
 from .tl_formats import e4m3_value as e4m3_value_exact
-
-
-@triton.jit
-def qk_at(q_ptr, k_ptr, offs, q_norm, k_norm, K: tl.constexpr, RING: tl.constexpr):
-    """Normalised q (times K**-0.5) and ring-rounded k at element offsets ``offs`` (any
-    shape), given the clamped norms: the same values, element for element, as the whole
-    vectors.  Each is divided by its norm through one correctly rounded reciprocal and
-    a corrected product (``tl_formats.div_shared``: IEEE division's values wherever
-    ``|x| > 2**-100``)."""
-    q = div_shared(tl.load(q_ptr + offs).to(tl.float32), q_norm) * (K**-0.5)
-    k = ring_round(div_shared(tl.load(k_ptr + offs).to(tl.float32), k_norm), RING)
-    return q, k
 
 
 @triton.jit

@@ -9,7 +9,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gdn_device import _delta, _gates, _load, _prep_qk, _row_head, _staged_rows, _store, _tile_ring
+from .gdn_device import (
+    _delta,
+    _gate_inputs,
+    _gate_values,
+    _gates,
+    _load,
+    _prep_qk,
+    _prep_qk_from,
+    _qk_raw,
+    _row_head,
+    _staged_rows,
+    _store,
+    _tile_ring,
+)
 from .gdn_extra import load_tile, tile_dots
 from .gdn_flush import _flush_rows
 from .tl_common import (
@@ -26,20 +39,18 @@ from .tl_formats import K_BF16_SR, K_FP16_SR, K_NONE, K_NVFP4
 
 
 @triton.jit
-def _out_tile(codes, sc, s2v, gr, Dr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out, ring_k, ring_v,
-              ring_d, ring_g, ring_b, ring_kk, bidx, hk, h, vb, rbase, n, valid, q, k, kqs, kk,
-              kq, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-              BV: tl.constexpr, L: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr,
-              RING: tl.constexpr):
+def _out_tile(codes, sc, s2v, gr, Dr, v, g, beta, out, ring_k, ring_v, ring_d, ring_g, ring_b,
+              ring_kk, bidx, hk, h, vb, rbase, n, valid, q, k, kqs, kk, kq, HK: tl.constexpr,
+              HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+              L: tl.constexpr, RP: tl.constexpr, FMT: tl.constexpr, RING: tl.constexpr):
     """Output rows ``vb * BV ..`` of head h from their loaded tile and ring entries
     (``gr``, ``Dr`` from :func:`_tile_ring`; entries outside ``valid`` are dropped
-    here): ``o``, ``d``; unless the slot flushes (n = L - 1), store o and append d, v
-    (and, for the head's first tile, g and beta; for the group's first head, k and its
-    ring products) at ring position n."""
+    here) and the step's ``v`` rows (ring-rounded), ``g`` and ``beta``: ``o``, ``d``;
+    unless the slot flushes (n = L - 1), store o and append d, v (and, for the head's
+    first tile, g and beta; for the group's first head, k and its ring products) at ring
+    position n."""
     offs_v = vb * BV + tl.arange(0, BV)
     offs_r = tl.arange(0, RP)
-    v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
-    g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
     gr = tl.where(valid, gr, 0.0)
     DrT = tl.where(valid[:, None], ring_decode(Dr, RING), 0.0)
     Sk0, Sq0 = tile_dots(codes, sc, s2v, k, q, K, BV, FMT)
@@ -74,14 +85,18 @@ def _conventional_kernel(
     FMT: tl.constexpr, RING: tl.constexpr,
 ):
     pid_v, pid_bh, bidx, h, hk, slot = _row_head(state_idx, HK, HV)
+    # the step's inputs do not depend on the slot: loaded beside its index, not after it
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    q_in, k_in = _qk_raw(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K)
+    v_in = tl.load(v_ptr + (bidx * HV + h) * V + offs_v)
+    a_in, b_in, A_in, dtb_in = _gate_inputs(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
     if slot >= 0:
         SR: tl.constexpr = (FMT == K_BF16_SR) or (FMT == K_FP16_SR)
-        offs_v = pid_v * BV + tl.arange(0, BV)
         mat = slot.to(tl.int64) * HV + h
         S = _load(data, s1, s2, mat, offs_v, V, BV, K, FMT)
-        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K, RING)
-        v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32), RING)
-        g, beta = _gates(a_ptr + pid_bh, b_ptr + pid_bh, A_log, dt_bias, h)
+        q, k, qn, kn = _prep_qk_from(q_in, k_in, K, RING)
+        v = ring_round(v_in.to(tl.float32), RING)
+        g, beta = _gate_values(a_in, b_in, A_in, dtb_in)
         S = _delta(S, k, v, tl.exp(g), beta)
         o = tl.sum(S * q[None, :], axis=1)
         if SR:
@@ -137,6 +152,15 @@ def _replay_kernel(
     tau0 = pid * TPP
     hk = tau0 // (GRP * NVB)
     slot = tl.load(state_idx + bidx)
+    # the step's inputs do not depend on the slot: loaded beside its index, so q and k
+    # are normalised while the state tile is in flight (small batches: the step's time
+    # is its chain of round trips)
+    q_in, k_in = _qk_raw(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K)
+    if TPP == 1:
+        h0 = tau0 // NVB
+        v_in = tl.load(v_ptr + (bidx * HV + h0) * V + (tau0 % NVB) * BV + tl.arange(0, BV))
+        a_in, b_in, A_in, dtb_in = _gate_inputs(a_ptr + bidx * HV + h0, b_ptr + bidx * HV + h0,
+                                                A_log, dt_bias, h0)
     if FUSED:
         live = True
     else:
@@ -162,8 +186,7 @@ def _replay_kernel(
                 gr0, Dr0 = _tile_ring(ring_g, ring_d, rbase, tau0 // NVB, offs_v0, lm, HV, V,
                                       RP, RING)
         clock = tl.load(tickets + slot, cache_modifier=".cg")
-        q, k, qn, kn = _prep_qk(q_ptr + (bidx * HK + hk) * K, k_ptr + (bidx * HK + hk) * K, K,
-                                RING)
+        q, k, qn, kn = _prep_qk_from(q_in, k_in, K, RING)
         kqs = tl.sum(k * q, axis=0)
         t = clock // (HV * NVB // TPP)
         n = t % L
@@ -180,10 +203,11 @@ def _replay_kernel(
                 gr0, Dr0 = _tile_ring(ring_g, ring_d, rbase, tau0 // NVB, offs_v0, valid, HV, V,
                                       RP, RING)
             if n != L - 1:  # a flushing row stores no output tile: the flush starts at once
-                _out_tile(codes0, sc0, s20, gr0, Dr0, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out,
-                          ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk, tau0 // NVB,
-                          tau0 % NVB, rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L,
-                          RP, R_FMT, RING)
+                g0, beta0 = _gate_values(a_in, b_in, A_in, dtb_in)
+                _out_tile(codes0, sc0, s20, gr0, Dr0, ring_round(v_in.to(tl.float32), RING), g0,
+                          beta0, out, ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk,
+                          h0, tau0 % NVB, rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV,
+                          L, RP, R_FMT, RING)
         else:
             for i in tl.range(0, TPP, num_stages=NS):
                 tau = tau0 + i
@@ -192,10 +216,12 @@ def _replay_kernel(
                 codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot.to(tl.int64) * HV + h,
                                            offs_v, (offs_v < V) & live, V, K, R_FMT)
                 gr, Dr = _tile_ring(ring_g, ring_d, rbase, h, offs_v, valid, HV, V, RP, RING)
-                _out_tile(codes, sc, s2v, gr, Dr, v_ptr, a_ptr, b_ptr, A_log, dt_bias, out,
-                          ring_k, ring_v, ring_d, ring_g, ring_b, ring_kk, bidx, hk, h,
-                          tau % NVB, rbase, n, valid, q, k, kqs, kk, kq, HK, HV, K, V, BV, L,
-                          RP, R_FMT, RING)
+                v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v).to(tl.float32),
+                               RING)
+                g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log, dt_bias, h)
+                _out_tile(codes, sc, s2v, gr, Dr, v, g, beta, out, ring_k, ring_v, ring_d,
+                          ring_g, ring_b, ring_kk, bidx, hk, h, tau % NVB, rbase, n, valid, q,
+                          k, kqs, kk, kq, HK, HV, K, V, BV, L, RP, R_FMT, RING)
         if FUSED:
             if n == L - 1:
                 for i in range(0, TPP):

@@ -154,7 +154,7 @@ def test_gdn_bench_batch1_replay_takes_the_library_warps(model, v_heads) -> None
     """The benchmark's batch-1 replay configurations are the library's programs and
     leave the warps to it, which picks them by the grid's size (qwen3.5-4b's 256
     programs: fp32 8, fp8 copy 4; qwen3.5-122b's 512: 2, 1; nvfp4 copies 4 warps in
-    16-row programs on both)."""
+    16-row programs on both, capped at 128 registers on the larger grid)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_gdn import SMALL
@@ -171,6 +171,8 @@ def test_gdn_bench_batch1_replay_takes_the_library_warps(model, v_heads) -> None
         assert SMALL[variant].get("block_v", rows) == rows
         lib = replay_defaults(1, 16, v_heads, 128, 128, ckpt, read)
         assert (lib["launch"], lib["num_warps"], lib["block_v"]) == ("fused", warps, rows)
+        # 4-warp programs on qwen3.5-122b's 512-program grid: 128 registers, 4 per SM
+        assert lib["maxnreg"] == (128 if warps == 4 and not four_b else None)
 
 
 @pytest.mark.parametrize("variant,checkpoint,read", [
