@@ -7,8 +7,9 @@ The variants are real kernels built from source:
 * ``--leave-out STAGE ...``: the tree's ``kernels/gdn_step.py`` with one stage of the
   output path removed per variant (:data:`STAGES`).  Their outputs are wrong; they
   exist to be timed.
-* ``--against REV``: the GDN step kernels of git revision REV of this checkout (its ``gdn_extra``,
-  ``gdn_device`` and ``gdn_step``), both the replay launch and the conventional step.
+* ``--against REV``: the GDN step kernels of git revision REV of this checkout (its
+  ``gdn_extra``, ``gdn_device`` and ``gdn_step``), both the replay launch and the
+  conventional step.
 
 fla's step, the tree's conventional step, the tree's replay window and every variant's
 replay in paired rounds (``ColdL2Timer.interleaved``).  The graphs are rebuilt
