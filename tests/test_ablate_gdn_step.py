@@ -10,10 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from precisionlab.kernels.testing import kernel_device
+
+kernel_device()  # the interpreter on the CPU, set before the script imports the kernels
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
-    import ablate_gdn_step as ab
+    import ablate_gdn_step as ab  # noqa: E402
 finally:
     sys.path.remove(str(ROOT / "benchmarks"))
 
