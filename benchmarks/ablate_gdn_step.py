@@ -8,8 +8,8 @@ The variants are real kernels built from source:
   output path removed per variant (:data:`STAGES`).  Their outputs are wrong; they
   exist to be timed.
 * ``--against REV``: the GDN step kernels of git revision REV of this checkout (its
-  ``gdn_extra``, ``gdn_device`` and ``gdn_step``), both the replay launch and the
-  conventional step.
+  ``gdn_extra``, ``gdn_device``, ``gdn_flush`` and ``gdn_step``), both the replay
+  launch (its flush included) and the conventional step.
 
 fla's step, the tree's conventional step, the tree's replay window and every variant's
 replay in paired rounds (``ColdL2Timer.interleaved``).  The graphs are rebuilt
@@ -48,7 +48,7 @@ from precisionlab.kernels import gdn_decode, gdn_step  # noqa: E402
 from precisionlab.presets import get_preset  # noqa: E402
 from precisionlab.studies.bench_gdn import DESIGNS  # noqa: E402
 
-MODULES = ("gdn_extra", "gdn_device", "gdn_step")
+MODULES = ("gdn_extra", "gdn_device", "gdn_flush", "gdn_step")
 """The kernel modules a revision's variant takes from that revision."""
 
 _NORM = "q, k, qn, kn = _prep_qk_from(q_in, k_in, K, RING)\n        kqs"
