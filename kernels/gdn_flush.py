@@ -48,18 +48,15 @@ def _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v
                 br, ec, Tm, w, e_last, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                 FB: tl.constexpr, RP: tl.constexpr, C_FMT: tl.constexpr, RING: tl.constexpr,
                 STEP: tl.constexpr, DOT: tl.constexpr, ck_desc=None, TMA: tl.constexpr = False,
-                row0=0, v_raw=None, codes_in=None, sc_in=None):
+                row0=0, v_raw=None):
     """Fresh fp32 rows ``offs_v`` (FB of them): the window's d recomputed from the
     checkpoint rows, ``D = RHS (I + N)^-T``, then ``e^{c_L} S_c + (w D) K``.  An nvfp4
     checkpoint decodes with ``s2_old``, its matrix scale read before the first chunk
     was rewritten.  TMA (a dense checkpoint, V a multiple of FB): the rows come through
     the tensor descriptor ``ck_desc`` over ``(slots * HV * V, K)`` (``row0``: the first
     of ``offs_v``).  ``v_raw``: the rows' ring v entries as loaded ahead
-    (:func:`_next_v_raw`), else loaded here; ``codes_in``, ``sc_in``: the rows' stored
-    checkpoint codes and scales as loaded ahead (``load_tile``), decoded here."""
-    if codes_in is not None:
-        S = decode_tile(codes_in, sc_in, s2_old, C_FMT, FB, K)
-    elif TMA:
+    (:func:`_next_v_raw`), else loaded here."""
+    if TMA:
         S = decode_tile(ck_desc.load([(mat * V + row0).to(tl.int32), 0]), 0.0, 0.0, C_FMT,
                         FB, K)
     elif C_FMT == K_NVFP4:
@@ -134,8 +131,7 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 FAST: tl.constexpr = False, PF: tl.constexpr = 0, ck_desc=None,
                 TMA: tl.constexpr = False, HW: tl.constexpr = False,
                 SUBST: tl.constexpr = False, sync=None, PARTS: tl.constexpr = 0,
-                VPRE: tl.constexpr = False, EVICT: tl.constexpr = False,
-                EARLY: tl.constexpr = False, codes_in=None, sc_in=None):
+                VPRE: tl.constexpr = False, EVICT: tl.constexpr = False):
     """Flush rows ``[v0, v0 + BVF)`` of matrix ``mat``: fold ring entries ``0..n-1``
     (and, if STEP, this step as entry n: k, v from ``v_row``, g, beta; its output
     ``S q`` goes to ``out_row``) into the checkpoint; write the checkpoint, the read
@@ -165,11 +161,6 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     a chunk's ring v rows are loaded while the chunk before it folds (the single-pass
     chunk loop).  EVICT: the checkpoint's and read copy's final stores evict first from
     L2 (:func:`_write_rows`; not the scratch rows, which the second pass reads).
-    EARLY (one chunk, BVF = FB, no TMA: the fused launch's flush, where a step's time is
-    its chain of round trips): the chunk's checkpoint rows and ring v rows are loaded
-    first, beside the ring's k, g, beta and products, so they arrive while the
-    triangular system is solved; ``codes_in``, ``sc_in``: the checkpoint rows' codes as
-    the caller loaded them already (a shared design's output tile), else loaded here.
 
     A 16-bit checkpoint beside an nvfp4 copy that the flush encodes: the checkpoint's
     rounding is drawn once per fold of a chunk, for the amax, and its values go on to the
@@ -179,15 +170,6 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
     offs_r = tl.arange(0, RP)
     valid = offs_r < n
     NCH: tl.constexpr = BVF // FB
-    if EARLY:
-        tl.static_assert((NCH == 1) and not TMA, "EARLY flushes one chunk without TMA")
-        offs_e = v0 + tl.arange(0, FB)
-        if codes_in is None:
-            codes_e, sc_e, s2_e = load_tile(c_data, c_s1, c_s2, mat, offs_e, offs_e < V, V, K,
-                                            C_FMT)
-        else:
-            codes_e, sc_e = codes_in, sc_in
-        v_e = _ring_rows(ring_v, rbase, h, offs_e, valid, HV, V, RP, RING, True)
     if PF > 0:
         for d in tl.static_range(min(PF, NCH)):
             _prefetch_chunk(c_data, ring_v, rbase, h, mat, v0 + d * FB, valid, HV, K, V, FB, RP,
@@ -231,15 +213,9 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                 _prefetch_chunk(c_data, ring_v, rbase, h, mat, v0 + (c + PF) * FB, valid, HV, K,
                                 V, FB, RP, C_FMT)
             offs_v = v0 + c * FB + tl.arange(0, FB)
-            if EARLY:
-                Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
-                                 offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
-                                 C_FMT, RING, STEP, DOT, v_raw=v_e, codes_in=codes_e,
-                                 sc_in=sc_e)
-            else:
-                Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
-                                 offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
-                                 C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
+            Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat,
+                             offs_v, n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP,
+                             C_FMT, RING, STEP, DOT, ck_desc, TMA, v0 + c * FB)
             if RCK:  # the scratch keeps the checkpoint's values, which the copy encodes
                 Sr = stored_values(Sn, mat, offs_v, V, seed, t, C_FMT, FB, K)
                 amax = tl.maximum(amax, matrix_amax(Sr))
@@ -264,14 +240,9 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                             F4, FAST, EVICT=EVICT, Sr_in=Sn, ROUNDED=RCK)
     elif NC == 1:
         offs_v = v0 + tl.arange(0, FB)
-        if EARLY:
-            Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v,
-                             n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING,
-                             STEP, DOT, v_raw=v_e, codes_in=codes_e, sc_in=sc_e)
-        else:
-            Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v,
-                             n, valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING,
-                             STEP, DOT, ck_desc, TMA, v0)
+        Sn = _fold_chunk(c_data, c_s1, c_s2, s2_old, ring_v, v_row, rbase, h, mat, offs_v, n,
+                         valid, Kr, br, ec, Tm, w, e_last, HV, K, V, FB, RP, C_FMT, RING, STEP,
+                         DOT, ck_desc, TMA, v0)
         Sr = Sn
         if RCK:
             Sr = stored_values(Sn, mat, offs_v, V, seed, t, C_FMT, FB, K)

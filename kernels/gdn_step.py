@@ -224,34 +224,20 @@ def _replay_kernel(
                           k, kqs, kk, kq, HK, HV, K, V, BV, L, RP, R_FMT, RING)
         if FUSED:
             if n == L - 1:
-                # one chunk of a one-tile program: its checkpoint and ring v rows go out
-                # with the ring's other loads (a shared design's rows are the tile above)
-                ONE: tl.constexpr = (TPP == 1) and (FB == BV)
                 for i in range(0, TPP):
                     tau = tau0 + i
                     h = tau // NVB
                     g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log,
                                      dt_bias, h)
                     um = bidx * HV + h  # (batch row, v-head): the PARTS programs' scratch
-                    if ONE and (F_FMT == K_NONE):
-                        _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k,
-                                    ring_v, ring_g, ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
-                                    out + (bidx * HV + h) * V, rbase, h, hk,
-                                    slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g,
-                                    beta, seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT,
-                                    F_FMT, RING, True, FRESH, DOT, True,
-                                    scr + (um.to(tl.int64) * V + (tau % NVB) * BV) * K, False,
-                                    FAST, sync=sync + um * 2, PARTS=PARTS, EARLY=True,
-                                    codes_in=codes0, sc_in=sc0)
-                    else:
-                        _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k,
-                                    ring_v, ring_g, ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
-                                    out + (bidx * HV + h) * V, rbase, h, hk,
-                                    slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g,
-                                    beta, seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT,
-                                    F_FMT, RING, True, FRESH, DOT, True,
-                                    scr + (um.to(tl.int64) * V + (tau % NVB) * BV) * K, False,
-                                    FAST, sync=sync + um * 2, PARTS=PARTS, EARLY=ONE)
+                    _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v,
+                                ring_g, ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
+                                out + (bidx * HV + h) * V, rbase, h, hk,
+                                slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g, beta,
+                                seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                                RING, True, FRESH, DOT, True,
+                                scr + (um.to(tl.int64) * V + (tau % NVB) * BV) * K, False, FAST,
+                                sync=sync + um * 2, PARTS=PARTS)
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
