@@ -94,17 +94,11 @@ def _encode_posted(sync, amax, scr, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, mat,
     ROUNDED: it holds a 16-bit checkpoint's stored values)."""
     last, amax_mat = post_amax_part(sync, amax, PARTS)
     if last:
-        # one chunk's scratch rows in flight while the one before encodes (a lone program
-        # walks the whole head here: its L2 round trips would otherwise add up)
-        offs_f = tl.arange(0, FB)
-        Sn = tl.load(scr + tile_offsets(offs_f, N), mask=(offs_f < P)[:, None], other=0.0,
-                     cache_modifier=".cg")
         for qq in range(NQH):
-            rows = qq * FB + offs_f
+            rows = qq * FB + tl.arange(0, FB)
             m = rows < P
-            nxt = (qq + 1) * FB + offs_f
-            S_next = tl.load(scr + tile_offsets(nxt, N), mask=(nxt < P)[:, None], other=0.0,
-                             cache_modifier=".cg")
+            Sn = tl.load(scr + tile_offsets(rows, N), mask=m[:, None], other=0.0,
+                         cache_modifier=".cg")
             if CK_FMT == K_NVFP4:
                 store_fast(ck_c, ck_s1, ck_s2, Sn, mat, rows, m, P, seed_ck, step, amax_mat,
                            CK_FMT, FB, N, HW_CVT, True)
@@ -114,7 +108,6 @@ def _encode_posted(sync, amax, scr, ck_c, ck_s1, ck_s2, rd_c, rd_s1, rd_s2, mat,
             elif SPLIT and (RD_FMT == K_NVFP4):
                 store_read_fast(rd_c, rd_s1, rd_s2, Sn, mat, rows, m, P, seed_ck, seed_rd, step,
                                 amax_mat, CK_FMT, RD_FMT, FB, N, HW_CVT, True)
-            Sn = S_next
 
 
 @triton.jit
