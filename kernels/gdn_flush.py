@@ -292,20 +292,13 @@ def _encode_posted(sync, amax, scr, c_data, c_s1, c_s2, f_data, f_s1, f_s2, mat,
     V rows from the scratch (ROUNDED: it holds a 16-bit checkpoint's stored values)."""
     last, amax_mat = post_amax_part(sync, amax, PARTS)
     if last:
-        # one chunk's scratch rows in flight while the one before encodes (a lone program
-        # walks the whole matrix here: its L2 round trips would otherwise add up)
-        NCE: tl.constexpr = V // FB
         offs_k = tl.arange(0, K)
-        offs_f = tl.arange(0, FB)
-        Sn = tl.load(scr + offs_f[:, None] * K + offs_k[None, :], cache_modifier=".cg")
-        for c in tl.range(0, NCE, num_stages=FNS):
-            offs_v = c * FB + offs_f
-            nxt = tl.minimum(c + 1, NCE - 1) * FB + offs_f  # (the last chunk loads itself)
-            S_next = tl.load(scr + nxt[:, None] * K + offs_k[None, :], cache_modifier=".cg")
+        for c in tl.range(0, V // FB, num_stages=FNS):
+            offs_v = c * FB + tl.arange(0, FB)
+            Sn = tl.load(scr + offs_v[:, None] * K + offs_k[None, :], cache_modifier=".cg")
             _write_rows(Sn, amax_mat, c_data, c_s1, c_s2, f_data, f_s1, f_s2, scr, scr, mat,
                         offs_v, 0.0, seed, t, K, V, FB, C_FMT, F_FMT, False, False,
                         C_FMT == K_NVFP4, F_FMT == K_NVFP4, FAST, Sr_in=Sn, ROUNDED=ROUNDED)
-            Sn = S_next
 
 
 @triton.jit
