@@ -282,26 +282,6 @@ def _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, r
                         FAST, HW, ck_desc, TMA, v0 + c * FB, EVICT)
 
 
-@triton.jit(noinline=True)
-def _flush_rows_apart(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g,
-                      ring_b, ring_kk, v_row, out_row, rbase, h, hk, mat, v0, n, q_row, k_row,
-                      g, beta, seed, t, scr, sync, HK: tl.constexpr, HV: tl.constexpr,
-                      K: tl.constexpr,
-                      V: tl.constexpr, BVF: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr,
-                      RP: tl.constexpr, LOG2RP: tl.constexpr, C_FMT: tl.constexpr,
-                      F_FMT: tl.constexpr, RING: tl.constexpr, FRESH: tl.constexpr,
-                      DOT: tl.constexpr, FAST: tl.constexpr, PARTS: tl.constexpr):
-    """:func:`_flush_rows` of a step (the fused launch's flush) as a function of its own
-    in the compiled kernel, not inlined: the output path's registers and code are
-    allocated without the flush's.  Such a function takes scalars only, so q and k are
-    prepared again here from their rows ``q_row``, ``k_row`` (the same values)."""
-    q, k, qn, kn = _prep_qk(q_row, k_row, K, RING)
-    _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v, ring_g, ring_b,
-                ring_kk, v_row, out_row, rbase, h, hk, mat, v0, n, q, k, g, beta, seed, t, HK,
-                HV, K, V, BVF, FB, FNS, RP, LOG2RP, C_FMT, F_FMT, RING, True, FRESH, DOT, True,
-                scr, False, FAST, sync=sync, PARTS=PARTS)
-
-
 @triton.jit
 def _encode_posted(sync, amax, scr, c_data, c_s1, c_s2, f_data, f_s1, f_s2, mat, seed, t,
                    K: tl.constexpr, V: tl.constexpr, FB: tl.constexpr, FNS: tl.constexpr,

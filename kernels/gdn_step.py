@@ -24,7 +24,7 @@ from .gdn_device import (
     _tile_ring,
 )
 from .gdn_extra import load_tile, tile_dots
-from .gdn_flush import _flush_rows_apart
+from .gdn_flush import _flush_rows
 from .tl_common import (
     finish_slot,
     ring_decode,
@@ -230,15 +230,14 @@ def _replay_kernel(
                     g, beta = _gates(a_ptr + bidx * HV + h, b_ptr + bidx * HV + h, A_log,
                                      dt_bias, h)
                     um = bidx * HV + h  # (batch row, v-head): the PARTS programs' scratch
-                    _flush_rows_apart(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k,
-                                      ring_v, ring_g, ring_b, ring_kk,
-                                      v_ptr + (bidx * HV + h) * V, out + (bidx * HV + h) * V,
-                                      rbase, h, hk, slot.to(tl.int64) * HV + h,
-                                      (tau % NVB) * BV, n, q_ptr + (bidx * HK + hk) * K,
-                                      k_ptr + (bidx * HK + hk) * K, g, beta, seed, t,
-                                      scr + (um.to(tl.int64) * V + (tau % NVB) * BV) * K,
-                                      sync + um * 2, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP,
-                                      C_FMT, F_FMT, RING, FRESH, DOT, FAST, PARTS)
+                    _flush_rows(c_data, c_s1, c_s2, f_data, f_s1, f_s2, fresh, ring_k, ring_v,
+                                ring_g, ring_b, ring_kk, v_ptr + (bidx * HV + h) * V,
+                                out + (bidx * HV + h) * V, rbase, h, hk,
+                                slot.to(tl.int64) * HV + h, (tau % NVB) * BV, n, q, k, g, beta,
+                                seed, t, HK, HV, K, V, BV, FB, FNS, RP, LOG2RP, C_FMT, F_FMT,
+                                RING, True, FRESH, DOT, True,
+                                scr + (um.to(tl.int64) * V + (tau % NVB) * BV) * K, False, FAST,
+                                sync=sync + um * 2, PARTS=PARTS)
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot, 1, sem="relaxed")
 
