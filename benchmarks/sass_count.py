@@ -1,4 +1,5 @@
-"""Offline sm_90 compile of the Mamba-2 split-launch and verify kernels: SASS
+"""Offline sm_90 compile of the Mamba-2 split-launch, verify and batch-1 (one-launch)
+kernels: SASS
 instructions, registers and spills per kernel variant, without a GPU.
 
 Each variant is one real host call (``launch_split_step`` / ``mamba2_verify``) on
@@ -226,6 +227,24 @@ def split_calls(model: str, ck: str, rd: str | None, cfg, L: int = 16, batch: in
     return rec.calls
 
 
+def fused_calls(model: str, ck: str, rd: str | None, L: int = 16, batch: int = 1):
+    """Recorded launch of one replay step of a cache with the library's defaults at a
+    small batch (the one-launch kernel)."""
+    from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache, mamba2_step
+
+    H, P, N, G, b = _problem(model, batch)
+    cache = Mamba2Cache.allocate(b, H, P, N, G, checkpoint_format=ck, read_format=rd,
+                                 window=L, device="cpu")
+    bf = dict(dtype=torch.bfloat16)
+    x, z = torch.zeros(b, H, P, **bf), torch.zeros(b, H, P, **bf)
+    B, C = torch.zeros(b, G, N, **bf), torch.zeros(b, G, N, **bf)
+    dt = torch.zeros(b, H, **bf)
+    head = HeadParams(-torch.ones(H), torch.ones(H), torch.zeros(H))
+    with _Recorder() as rec:
+        mamba2_step(cache, x, dt, B, C, head, z=z, dt_softplus=True)
+    return rec.calls
+
+
 def verify_calls(model: str, ck: str, rd: str | None, launch: str, T: int = 4, L: int = 16,
                  batch: int = 8, block_p: int | None = None, num_warps: int | None = None):
     from precisionlab.kernels.mamba2_spec import mamba2_verify
@@ -251,6 +270,9 @@ def variants(model: str) -> list[tuple[str, str, list]]:
     from precisionlab.kernels.mamba2_step import SplitConfig
 
     out = []
+    for d, (ck, rd) in {"replay-fp32": ("fp32", None), "fp8": ("fp32", "fp8-e4m3"),
+                        "nvfp4": ("fp16-sr", "nvfp4")}.items():
+        out.append((f"batch1 {d}", "batch1", fused_calls(model, ck, rd)))
     designs = {"fp8": ("fp32", "fp8-e4m3"), "nvfp4": ("fp16-sr", "nvfp4"),
                "shared-nvfp4": ("nvfp4", None)}
     _, P, _, _, _ = _problem(model, 1)
@@ -294,7 +316,7 @@ copy, the first for the lossy read copies."""
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="nemotron-3-nano-4b")
-    ap.add_argument("--only", choices=("flush", "output", "verify"), default=None)
+    ap.add_argument("--only", choices=("flush", "output", "verify", "batch1"), default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--dump", default=None, help="folder for the SASS text of every kernel")
     a = ap.parse_args(argv)

@@ -198,3 +198,18 @@ def test_gdn_bench_large_configs_are_the_library_defaults(variant, checkpoint, r
                                  read=read, device="cpu", batch_hint=256, **kw)
                   for kw in (LARGE[variant], {})]
         assert caches[0].config == caches[1].config
+
+
+def test_sass_count_compiles_the_mamba2_batch1_kernel(tmp_path: Path) -> None:
+    """``sass_count.py --only batch1``: the one-launch kernel of each design at batch 1,
+    compiled offline for sm_90, with its registers (no GPU needed)."""
+    import json
+
+    out = tmp_path / "b1.json"
+    r = run("sass_count.py", "--only", "batch1", "--json", str(out), tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["variant"] for row in rows] == [
+        "batch1 replay-fp32", "batch1 fp8", "batch1 nvfp4"]
+    assert all(row["kernel"] == "mamba2_kernel" and row["sass"] > 1000 and row["regs"] > 0
+               for row in rows)
