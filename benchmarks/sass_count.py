@@ -1,8 +1,8 @@
 """Offline sm_90 compile of the Mamba-2 split-launch, verify and batch-1 (one-launch)
-kernels: SASS
-instructions, registers and spills per kernel variant, without a GPU.
+kernels: SASS instructions, registers and spills per kernel variant, without a GPU.
 
-Each variant is one real host call (``launch_split_step`` / ``mamba2_verify``) on
+Each variant is one real host call (``launch_split_step`` / ``mamba2_verify`` /
+``mamba2_step`` of a batch-1 cache with the library's defaults) on
 CPU tensors with the launches intercepted: the exact arguments, constexprs and
 options of every launch are turned into an ``ASTSource`` and compiled with
 ``triton.compile(..., target=GPUTarget("cuda", 90, 64))``; the cubin is
@@ -17,6 +17,7 @@ kernel, and multiply a body by its trips and warps for per-head work.
 
     python benchmarks/sass_count.py                       # all variants, nano-4b shape
     python benchmarks/sass_count.py --model nemotron-3-super-120b --only flush
+    python benchmarks/sass_count.py --only batch1       # one-launch kernels, batch 1
     python benchmarks/sass_count.py --json out.json --dump /tmp/sass   # keep the SASS
 """
 
