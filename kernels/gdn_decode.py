@@ -132,18 +132,18 @@ def _pow2(name: str, x: int, lo: int = 16) -> int:
     return x
 
 
-def default_config(batch: int, v_heads: int, V: int, K: int, whole_matrix: bool = False,
-                   kernel: str = "conventional", fmt: str | None = None) -> tuple[int, int]:
-    """``(BV, num_warps)`` of the conventional kernel: rows of V per program and warps.
-    ``whole_matrix`` (an nvfp4 state) forces BV = V: its matrix scale needs the whole
-    (V, K) matrix in one program.  An fp32 state (``fmt``) takes 8-row one-warp
+def default_config(batch: int, v_heads: int, V: int, K: int,
+                   fmt: str | None = None) -> tuple[int, int]:
+    """``(BV, num_warps)`` of the conventional kernel for a state of format ``fmt``:
+    rows of V per program and warps.  An nvfp4 state takes BV = V: its matrix scale
+    needs the whole (V, K) matrix in one program.  An fp32 state takes 8-row one-warp
     programs, the configuration the benchmark has timed against fla since its first
     run (H200: 1.45x at batch 256; thirty-second run, qwen3.5-4b at batch 1, block
     timing 7.0 us, 1.06x, where the 16-row 2-warp programs this rule gave before took
     7.65 us, 0.98x in paired rounds)."""
-    if fmt == "fp32" and not whole_matrix:
+    if fmt == "fp32":
         return min(V, 8), 1
-    bv = V if whole_matrix else min(V, 32 if batch * v_heads >= 1024 else 16)
+    bv = V if fmt == "nvfp4" else min(V, 32 if batch * v_heads >= 1024 else 16)
     return bv, triton.next_power_of_2(max(1, min(16, bv * K // 1024)))
 
 
@@ -377,7 +377,7 @@ def conventional_step(
     _check_shapes(q, v, K, V)
     if state.fmt_id in (FMT_BF16_SR, FMT_FP16_SR) and counters is None:
         raise ValueError("stochastic rounding needs the per-slot step counters")
-    bv, nw = default_config(B, HV, V, K, state.fmt == "nvfp4", fmt=state.fmt)
+    bv, nw = default_config(B, HV, V, K, state.fmt)
     bv, nw = block_v or bv, num_warps or nw
     if V % bv:
         raise ValueError(f"block_v {bv} does not divide V = {V}")

@@ -110,7 +110,7 @@ def test_conventional_default_config_by_state_format() -> None:
     assert default_config(1, 32, 128, 128, fmt="fp32") == (8, 1)
     assert default_config(256, 32, 128, 128, fmt="fp32") == (8, 1)
     assert default_config(1, 4, 4, 16, fmt="fp32") == (4, 1)
-    assert default_config(1, 32, 128, 128, True, fmt="nvfp4") == (128, 16)
+    assert default_config(1, 32, 128, 128, fmt="nvfp4") == (128, 16)
     assert default_config(1, 32, 128, 128, fmt="bf16") == (16, 2)
     assert default_config(256, 32, 128, 128, fmt="fp16-sr") == (32, 4)
 
