@@ -204,23 +204,26 @@ def _problem(model: str, batch: int):
     return p.heads, p.head_dim, p.state_dim, p.groups, batch
 
 
+def _step_inputs(H: int, P: int, N: int, G: int, lead: tuple[int, ...]):
+    """Zero bf16 inputs ``(x, z, dt, B, C)`` with leading axes ``lead`` (batch, or batch
+    and drafts) and the heads' parameters, as a step or a verify takes them."""
+    from precisionlab.kernels.mamba2_step import HeadParams
+
+    bf = dict(dtype=torch.bfloat16)
+    x, z = torch.zeros(*lead, H, P, **bf), torch.zeros(*lead, H, P, **bf)
+    B, C = torch.zeros(*lead, G, N, **bf), torch.zeros(*lead, G, N, **bf)
+    dt = torch.zeros(*lead, H, **bf)
+    return x, z, dt, B, C, HeadParams(-torch.ones(H), torch.ones(H), torch.zeros(H))
+
+
 def split_calls(model: str, ck: str, rd: str | None, cfg, L: int = 16, batch: int = 8):
     """Recorded launches of one split replay step (flush launch, output launch)."""
-    from precisionlab.kernels.mamba2_step import (
-        HeadParams,
-        Mamba2Cache,
-        launch_split_step,
-        slot_indices,
-    )
+    from precisionlab.kernels.mamba2_step import Mamba2Cache, launch_split_step, slot_indices
 
     H, P, N, G, b = _problem(model, batch)
     cache = Mamba2Cache.allocate(b, H, P, N, G, checkpoint_format=ck, read_format=rd,
                                  window=L, device="cpu", launch="split", split_config=cfg)
-    bf = dict(dtype=torch.bfloat16)
-    x, z = torch.zeros(b, H, P, **bf), torch.zeros(b, H, P, **bf)
-    B, C = torch.zeros(b, G, N, **bf), torch.zeros(b, G, N, **bf)
-    dt = torch.zeros(b, H, **bf)
-    head = HeadParams(-torch.ones(H), torch.ones(H), torch.zeros(H))
+    x, z, dt, B, C, head = _step_inputs(H, P, N, G, (b,))
     out = torch.empty(b, H, P)
     with _Recorder() as rec:
         launch_split_step(cache, x, dt, B, C, head, z=z, out=out,
@@ -231,16 +234,12 @@ def split_calls(model: str, ck: str, rd: str | None, cfg, L: int = 16, batch: in
 def fused_calls(model: str, ck: str, rd: str | None, L: int = 16, batch: int = 1):
     """Recorded launch of one replay step of a cache with the library's defaults at a
     small batch (the one-launch kernel)."""
-    from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache, mamba2_step
+    from precisionlab.kernels.mamba2_step import Mamba2Cache, mamba2_step
 
     H, P, N, G, b = _problem(model, batch)
     cache = Mamba2Cache.allocate(b, H, P, N, G, checkpoint_format=ck, read_format=rd,
                                  window=L, device="cpu")
-    bf = dict(dtype=torch.bfloat16)
-    x, z = torch.zeros(b, H, P, **bf), torch.zeros(b, H, P, **bf)
-    B, C = torch.zeros(b, G, N, **bf), torch.zeros(b, G, N, **bf)
-    dt = torch.zeros(b, H, **bf)
-    head = HeadParams(-torch.ones(H), torch.ones(H), torch.zeros(H))
+    x, z, dt, B, C, head = _step_inputs(H, P, N, G, (b,))
     with _Recorder() as rec:
         mamba2_step(cache, x, dt, B, C, head, z=z, dt_softplus=True)
     return rec.calls
@@ -249,16 +248,12 @@ def fused_calls(model: str, ck: str, rd: str | None, L: int = 16, batch: int = 1
 def verify_calls(model: str, ck: str, rd: str | None, launch: str, T: int = 4, L: int = 16,
                  batch: int = 8, block_p: int | None = None, num_warps: int | None = None):
     from precisionlab.kernels.mamba2_spec import mamba2_verify
-    from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache
+    from precisionlab.kernels.mamba2_step import Mamba2Cache
 
     H, P, N, G, b = _problem(model, batch)
     cache = Mamba2Cache.allocate(b, H, P, N, G, checkpoint_format=ck, read_format=rd,
                                  window=L, device="cpu", speculative=True)
-    bf = dict(dtype=torch.bfloat16)
-    x, z = torch.zeros(b, T, H, P, **bf), torch.zeros(b, T, H, P, **bf)
-    B, C = torch.zeros(b, T, G, N, **bf), torch.zeros(b, T, G, N, **bf)
-    dt = torch.zeros(b, T, H, **bf)
-    head = HeadParams(-torch.ones(H), torch.ones(H), torch.zeros(H))
+    x, z, dt, B, C, head = _step_inputs(H, P, N, G, (b, T))
     kw = {} if launch == "single" else {"verify_launch": launch}
     with _Recorder() as rec:
         mamba2_verify(cache, x, dt, B, C, head, z=z, dt_softplus=True, block_p=block_p,
