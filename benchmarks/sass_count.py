@@ -37,6 +37,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
@@ -179,19 +180,24 @@ def md_get(md, key):
         return md.get(key) if isinstance(md, dict) else None
 
 
-def ptxas_usage(kernel) -> tuple[int | None, int | None]:
+def ptxas_usage(kernel) -> tuple[int, int | None]:
     """Registers and spill-store bytes as ``ptxas -v`` reports them for the kernel's PTX
-    (its ``.maxnreg`` directive included)."""
-    ptxas = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
+    (its ``.maxnreg`` directive included), by the ptxas Triton compiled it with (the PTX
+    version Triton writes follows that tool's)."""
+    ptxas = get_ptxas(90).path
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.ptx"
         path.write_text(kernel.asm["ptx"])
         out = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(path), "-o", str(Path(d) / "o")],
                              capture_output=True, text=True)
     text = out.stdout + out.stderr
+    if out.returncode != 0:
+        raise RuntimeError(f"ptxas exited {out.returncode}: {text.strip()[-800:]}")
     r = re.search(r"Used (\d+) registers", text)
+    if r is None:
+        raise RuntimeError(f"ptxas reported no register count: {text.strip()[-800:]}")
     s = re.search(r"(\d+) bytes spill stores", text)
-    return (int(r.group(1)) if r else None), (int(s.group(1)) if s else None)
+    return int(r.group(1)), (int(s.group(1)) if s else None)
 
 
 # ------------------------------------------------------------------ variants
