@@ -312,7 +312,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if fwhole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                flush_ring_ahead=not fwhole, flush_evict=False, read_encode=read_encode)
+                flush_ring_ahead=not fwhole, flush_evict=fread == "fp8-e4m3",
+                read_encode=read_encode)
 
 
 def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStore:
@@ -443,9 +444,12 @@ class GDNReplayCache:
       chunk before it folds (the single-pass loop: no nvfp4 copy).
     * ``flush_evict``: the staged flush launch's plain stores of the checkpoint and read
       copy evict first from L2 (not the nvfp4 scratch rows, nor a TMA-stored fp32
-      checkpoint).  Off by default: on an H200 (batch 256, L = 16) qwen3.5-122b's fp8
-      and nvfp4 flushes took 1-3% less (847 / 866 against 872 / 872 us; 2253 / 2214
-      against 2286 / 2245), qwen3.5-4b's the same within noise; the same bits.
+      checkpoint).  On by default in the staged launch where the flush writes an fp8
+      read copy: on an H200 (batch 256, L = 16) qwen3.5-122b's fp8 and nvfp4 flushes
+      took 1-3% less (847 / 866 against 872 / 872 us; 2253 / 2214 against 2286 / 2245),
+      qwen3.5-4b's the same within noise; the same bits.  Re-timed for the fp8 copy in
+      three alternating pairs: qwen3.5-122b 157.8-158.0 against 158.4-158.9 us per
+      step (flush 863-866 against 867-870).
     * ``read_encode``: ``"flush"`` (the flush encodes the read copy beside the
       checkpoint) or ``"launch"`` (the flush writes the checkpoint only, and a launch of
       its own behind it on the same stream encodes the flushed rows' read copies from

@@ -935,10 +935,12 @@ def test_staged_flush_programs_by_copy(ckpt, read, v_heads, warps, tma, grid, en
     qwen3.5-122b's 64; a dense checkpoint's 4-bit copy is encoded by a launch of its
     own); an nvfp4 checkpoint keeps 4-warp programs with plain loads, an mxfp4 copy
     written by the flush 4-warp ones.  Programs claim their units from a counter where
-    the flush writes a read copy or a stochastically rounded 16-bit checkpoint."""
+    the flush writes a read copy or a stochastically rounded 16-bit checkpoint; their
+    stores evict first from L2 where the flush writes an fp8 copy."""
     c = GDNReplayCache(1, 16, v_heads, 128, 128, window=4, checkpoint=ckpt, read=read,
                        device=DEV, batch_hint=256, read_encode=encode)
     assert (c.launch, c.num_warps, c.flush_tma, c.flush_grid) == ("staged", warps, tma, grid)
+    assert c.flush_evict == (read == "fp8-e4m3")  # evict-first stores beside an fp8 copy
 
 
 def test_flush_prefetch_rejects_negative() -> None:
