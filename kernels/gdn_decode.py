@@ -268,7 +268,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, flush_ring_ahead=False, flush_evict=False,
+                    out_mma=False, out_evict=False, flush_ring_ahead=False, flush_evict=False,
                     read_encode="flush")
     if read_encode is None:
         read_encode = "launch" if encodes_apart(checkpoint, read) else "flush"
@@ -312,6 +312,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if fwhole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
+                out_evict=out_fmt not in ("fp8-e4m3", "nvfp4"),
                 flush_ring_ahead=not fwhole, flush_evict=fread == "fp8-e4m3",
                 read_encode=read_encode)
 
@@ -472,6 +473,9 @@ class GDNReplayCache:
     * ``out_mma``: the staged output launch's row sums as tensor-core products
       (:func:`_staged_rows`; fp8 and nvfp4 copies in fp16, fp32 ones in two tf32
       passes).  On by default in the staged launch for fp8 and nvfp4 copies.
+    * ``out_evict``: the staged output launch streams its copy's rows with the
+      ``evict_first`` L2 policy, so the prep launch's q, k and coefficients, which every
+      output program reads, stay in L2 (the same bits).
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.
@@ -506,7 +510,7 @@ class GDNReplayCache:
         flush_grid: str | None = None, flush_pass: str | None = None,
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
-        hw_fp8: bool | None = None, out_mma: bool | None = None,
+        hw_fp8: bool | None = None, out_mma: bool | None = None, out_evict: bool | None = None,
         flush_ring_ahead: bool | None = None, flush_evict: bool | None = None,
         read_encode: str | None = None,
     ):
@@ -547,7 +551,7 @@ class GDNReplayCache:
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
-                     out_mma=out_mma, flush_ring_ahead=flush_ring_ahead,
+                     out_mma=out_mma, out_evict=out_evict, flush_ring_ahead=flush_ring_ahead,
                      flush_evict=flush_evict, read_encode=read_encode,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
@@ -563,6 +567,7 @@ class GDNReplayCache:
         cfg.update({k: v for k, v in given.items() if v is not None})
         if cfg["launch"] != "staged":  # defaults of the staged launch only
             cfg["out_mma"] = bool(out_mma)
+            cfg["out_evict"] = bool(out_evict)
             cfg["flush_tma"] = bool(flush_tma)
         if ((cfg["launch"] != "fused" or drafts) and block_v is None
                 and "nvfp4" in (checkpoint, read)):
@@ -584,6 +589,7 @@ class GDNReplayCache:
         self.flush_tma = bool(cfg["flush_tma"])
         self.hw_fp8 = bool(cfg["hw_fp8"])
         self.out_mma = bool(cfg["out_mma"])
+        self.out_evict = bool(cfg["out_evict"])
         self.flush_ring_ahead = bool(cfg["flush_ring_ahead"])
         self.flush_evict = bool(cfg["flush_evict"])
         self.read_encode = cfg["read_encode"]
@@ -601,6 +607,8 @@ class GDNReplayCache:
                              f"{' or '.join(_MMA_KINDS)}, got launch {self.launch!r}, "
                              f"copy {out_fmt!r}")
         self._mma = _MMA_KINDS[out_fmt] if self.out_mma else 0
+        if self.out_evict and self.launch != "staged":
+            raise ValueError(f"out_evict needs the staged launch, got launch {self.launch!r}")
         if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
@@ -848,7 +856,8 @@ class GDNReplayCache:
         self.compiled["out"] = _out_kernel[(self.HV * (self.V // bv) // tpp, B)](
             v, state_indices, out, *r.kernel_args(), self.ring_v, self.ring_d, pqk, pco, pn,
             self.HK, self.HV, self.K, self.V, bv, tpp, self.out_stages, self.R, self.RP, self.CW,
-            r.fmt_id, self.ring_id, self._mma, num_warps=self.out_num_warps,
+            r.fmt_id, self.ring_id, self._mma, self.out_evict,
+            num_warps=self.out_num_warps,
             maxnreg=self.out_maxnreg,
         )
 

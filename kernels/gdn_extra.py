@@ -36,41 +36,53 @@ from .tl_formats import e4m3_value as e4m3_value_exact
 
 
 @triton.jit
+def _load_ev(ptrs, mask, other, EVICT: tl.constexpr):
+    """``tl.load``, evicting first from L2 where ``EVICT``."""
+    if EVICT:
+        x = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
+    else:
+        x = tl.load(ptrs, mask=mask, other=other)
+    return x
+
+
+@triton.jit
 def load_tile(data, s1, s2, mat, offs_v, mask, V: tl.constexpr, K: tl.constexpr,
-              FMT: tl.constexpr, WORDS: tl.constexpr = False):
+              FMT: tl.constexpr, WORDS: tl.constexpr = False, EVICT: tl.constexpr = False):
     """The stored pieces of rows ``offs_v`` of matrix ``mat`` (int64, slot * heads +
     head): ``(codes, scales, matrix scale)`` shaped as ``tl_formats.load_codes`` returns
     them (rows where ``mask`` is false are not read and are zero).  One scalar int64
     base per matrix plus int32 tile offsets (vectorised loads).  ``WORDS`` (4-bit formats):
     the packed nibbles as (BV, K / 8) int32 words, 8 elements each (little-endian: byte
-    j of a word holds elements 2j, 2j + 1), as :func:`tl_dots.nvfp4_word_dot` takes them."""
+    j of a word holds elements 2j, 2j + 1), as :func:`tl_dots.nvfp4_word_dot` takes them.
+    ``EVICT``: the codes and scales stream with the ``evict_first`` L2 policy (rows read
+    once)."""
     m2 = mask[:, None]
     sc = 0.0
     s2v = 0.0
     if (FMT == K_NVFP4) or (FMT == K_MXFP4):
         if WORDS:
             offs_w = tl.arange(0, K // 8)
-            codes = tl.load(data.to(tl.pointer_type(tl.int32)) + mat * (V * K // 8)
-                            + offs_v[:, None] * (K // 8) + offs_w[None, :], mask=m2, other=0)
+            codes = _load_ev(data.to(tl.pointer_type(tl.int32)) + mat * (V * K // 8)
+                             + offs_v[:, None] * (K // 8) + offs_w[None, :], m2, 0, EVICT)
         else:
             offs_h = tl.arange(0, K // 2)
-            codes = tl.load(data + mat * (V * K // 2) + offs_v[:, None] * (K // 2)
-                            + offs_h[None, :], mask=m2, other=0)
+            codes = _load_ev(data + mat * (V * K // 2) + offs_v[:, None] * (K // 2)
+                             + offs_h[None, :], m2, 0, EVICT)
         if FMT == K_NVFP4:
             ob = tl.arange(0, K // 16)
-            sc = tl.load(s1 + mat * (V * (K // 16)) + offs_v[:, None] * (K // 16) + ob[None, :],
-                         mask=m2, other=0)
+            sc = _load_ev(s1 + mat * (V * (K // 16)) + offs_v[:, None] * (K // 16) + ob[None, :],
+                          m2, 0, EVICT)
             s2v = tl.load(s2 + mat)
         else:
             ob = tl.arange(0, K // 32)
-            sc = tl.load(s1 + mat * (V * (K // 32)) + offs_v[:, None] * (K // 32) + ob[None, :],
-                         mask=m2, other=0)
+            sc = _load_ev(s1 + mat * (V * (K // 32)) + offs_v[:, None] * (K // 32) + ob[None, :],
+                          m2, 0, EVICT)
     else:
         offs_k = tl.arange(0, K)
-        codes = tl.load(data + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], mask=m2,
-                        other=0)
+        codes = _load_ev(data + mat * (V * K) + offs_v[:, None] * K + offs_k[None, :], m2, 0,
+                         EVICT)
         if FMT == K_FP8:
-            sc = tl.load(s1 + mat * V + offs_v, mask=mask, other=0.0)
+            sc = _load_ev(s1 + mat * V + offs_v, mask, 0.0, EVICT)
     return codes, sc, s2v
 
 

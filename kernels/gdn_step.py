@@ -385,7 +385,7 @@ def _out_kernel(
     v_ptr, state_idx, out, r_data, r_s1, r_s2, ring_v, ring_d, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     TPP: tl.constexpr, NS: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CW: tl.constexpr,
-    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0,
+    FMT: tl.constexpr, RING: tl.constexpr, MMA: tl.constexpr = 0, EVICT: tl.constexpr = False,
 ):
     """Staged launch, second of the output step.  Grid ``(HV * (V // BV) // TPP, B)``:
     TPP tiles of BV rows (one k-head group) of the stored copy.  Everything a tile
@@ -397,7 +397,8 @@ def _out_kernel(
     (flushing or padding) return after that load: at a flush step of the whole batch
     the launch costs next to nothing (a masked body took 65-85 us on an H200).  MMA
     (fp8, nvfp4 or fp32 copies): a tile's row sums are tensor-core products with the split k
-    and q the prep launch left in ``pqk`` (:func:`_staged_rows`)."""
+    and q the prep launch left in ``pqk`` (:func:`_staged_rows`).  ``EVICT``: the tiles'
+    loads stream with the ``evict_first`` L2 policy (``load_tile``)."""
     pid = tl.program_id(0)
     bidx = tl.program_id(1)
     NVB: tl.constexpr = V // BV
@@ -433,7 +434,7 @@ def _out_kernel(
             offs_v = (tau % NVB) * BV + tl.arange(0, BV)
             mrow = offs_v < V
             codes, sc, s2v = load_tile(r_data, r_s1, r_s2, slot64 * HV + h, offs_v, mrow, V, K,
-                                       FMT, MMA != 0)
+                                       FMT, MMA != 0, EVICT)
             Dr = ring_load(ring_d + (rbase * HV + h) * V + offs_r[:, None] * (HV * V)
                            + offs_v[None, :], valid[:, None] & mrow[None, :], RING)
             v = ring_round(tl.load(v_ptr + (bidx * HV + h) * V + offs_v, mask=mrow,

@@ -383,6 +383,7 @@ def test_large_batch_launch(design) -> None:
     assert cache.launch == "staged" and cache.dot == "tf32x2"
     assert cache.out_TPP == (2 if cache.out_mma else 1)
     assert cache.out_mma == (design.read_format in ("fp8-e4m3", "nvfp4"))
+    assert cache.out_evict == (not cache.out_mma)  # plain tile loads stream evict-first
     check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
@@ -789,6 +790,31 @@ def test_hw_fp8_encoder_changes_no_bit() -> None:
         outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
         res.append(outs + cache.ckpt.tensors() + cache.read.tensors())
     assert_runs_same_bits(res)
+
+
+@pytest.mark.parametrize("read", ["fp8-e4m3", "nvfp4", None])
+def test_out_evict_changes_no_bit(read: str | None) -> None:
+    """The staged output launch's tiles streamed with the evict-first L2 policy
+    (``out_evict``) give the same outputs and stored copies."""
+    B, L = 3, 3
+    kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=4)
+    idx = torch.arange(B, dtype=torch.int32, device=DEV)
+    res = []
+    for evict in (False, True):
+        cache = GDNReplayCache(B, HK, HV, K, V, window=L, read=read, device=DEV, seed=3,
+                               checkpoint="fp16-sr" if read == "nvfp4" else "fp32",
+                               launch="staged", batch_hint=256, out_evict=evict)
+        assert cache.out_evict is evict
+        cache.reset(state0(B))
+        outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
+        copies = cache.read.tensors() if read is not None else []
+        res.append(outs + cache.ckpt.tensors() + copies)
+    assert_runs_same_bits(res)
+
+
+def test_out_evict_rejects_other_launches() -> None:
+    with pytest.raises(ValueError, match="out_evict needs the staged launch"):
+        GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, launch="fused", out_evict=True)
 
 
 @pytest.mark.parametrize("kw", [dict(checkpoint="nvfp4"), dict(launch="fused")])
