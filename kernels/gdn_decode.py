@@ -268,7 +268,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, out_evict=False, flush_ring_ahead=False, flush_evict=False,
+                    out_mma=False, out_evict=False, prep_keep=False, flush_ring_ahead=False,
+                    flush_evict=False,
                     read_encode="flush")
     if read_encode is None:
         read_encode = "launch" if encodes_apart(checkpoint, read) else "flush"
@@ -312,7 +313,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if fwhole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                out_evict=out_fmt not in ("fp8-e4m3", "nvfp4"),
+                out_evict=out_fmt not in ("fp8-e4m3", "nvfp4"), prep_keep=False,
                 flush_ring_ahead=not fwhole, flush_evict=fread == "fp8-e4m3",
                 read_encode=read_encode)
 
@@ -481,6 +482,11 @@ class GDNReplayCache:
       hint).  H200, batch 256, L = 16, replay fp32, three / two alternating pairs:
       qwen3.5-4b 169.7-170.8 against 171.6-171.8 us per step, qwen3.5-122b 316.2-316.4
       against 317.2-317.6.
+    * ``prep_keep``: the staged prep launch stores the rows that every output program
+      reads (q and k, ring coefficients, ring position) with the ``evict_last`` L2
+      policy, so the output launch's stream of the copy does not push them out of L2
+      (the same bits; for the copies whose pipelined tile loads drop ``out_evict``'s
+      hint).  Off by default: not yet timed.
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.
@@ -516,6 +522,7 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None, out_evict: bool | None = None,
+        prep_keep: bool | None = None,
         flush_ring_ahead: bool | None = None, flush_evict: bool | None = None,
         read_encode: str | None = None,
     ):
@@ -556,7 +563,8 @@ class GDNReplayCache:
                      flush_licm=flush_licm, flush_grid=flush_grid, flush_pass=flush_pass,
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
-                     out_mma=out_mma, out_evict=out_evict, flush_ring_ahead=flush_ring_ahead,
+                     out_mma=out_mma, out_evict=out_evict, prep_keep=prep_keep,
+                     flush_ring_ahead=flush_ring_ahead,
                      flush_evict=flush_evict, read_encode=read_encode,
                      verify_block_v=verify_block_v,
                      verify_num_warps=verify_num_warps, verify_stages=verify_stages)
@@ -573,6 +581,7 @@ class GDNReplayCache:
         if cfg["launch"] != "staged":  # defaults of the staged launch only
             cfg["out_mma"] = bool(out_mma)
             cfg["out_evict"] = bool(out_evict)
+            cfg["prep_keep"] = bool(prep_keep)
             cfg["flush_tma"] = bool(flush_tma)
         if ((cfg["launch"] != "fused" or drafts) and block_v is None
                 and "nvfp4" in (checkpoint, read)):
@@ -595,6 +604,7 @@ class GDNReplayCache:
         self.hw_fp8 = bool(cfg["hw_fp8"])
         self.out_mma = bool(cfg["out_mma"])
         self.out_evict = bool(cfg["out_evict"])
+        self.prep_keep = bool(cfg["prep_keep"])
         self.flush_ring_ahead = bool(cfg["flush_ring_ahead"])
         self.flush_evict = bool(cfg["flush_evict"])
         self.read_encode = cfg["read_encode"]
@@ -612,8 +622,9 @@ class GDNReplayCache:
                              f"{' or '.join(_MMA_KINDS)}, got launch {self.launch!r}, "
                              f"copy {out_fmt!r}")
         self._mma = _MMA_KINDS[out_fmt] if self.out_mma else 0
-        if self.out_evict and self.launch != "staged":
-            raise ValueError(f"out_evict needs the staged launch, got launch {self.launch!r}")
+        for name in ("out_evict", "prep_keep"):
+            if getattr(self, name) and self.launch != "staged":
+                raise ValueError(f"{name} needs the staged launch, got launch {self.launch!r}")
         if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
             raise ValueError(f"flush_tma needs the staged launch and a dense checkpoint "
                              f"({', '.join(DENSE_FORMATS)}), got launch {self.launch!r}, "
@@ -847,7 +858,8 @@ class GDNReplayCache:
             q, k, a, b, A_log, dt_bias, state_indices, self.ring_k, self.ring_g, self.ring_beta,
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
             self.R, self.RP, self.CW, _pow2_at_least(self.HV // self.HK, 1), self.ring_id,
-            self.eager, CONC=concurrent, MMA=self._mma, num_warps=self.prep_num_warps,
+            self.eager, CONC=concurrent, MMA=self._mma, KEEP=self.prep_keep,
+            num_warps=self.prep_num_warps,
             maxnreg=self.prep_maxnreg,
         )
 

@@ -296,12 +296,23 @@ def _kq_parts(k, q, MMA: tl.constexpr):
 
 
 @triton.jit
+def _store_kept(ptrs, value, mask, KEEP: tl.constexpr):
+    """``tl.store``, with the ``evict_last`` L2 policy where ``KEEP`` (rows that every
+    program of the next launch reads while that launch streams the state through L2)."""
+    if KEEP:
+        tl.store(ptrs, value, mask=mask, eviction_policy="evict_last")
+    else:
+        tl.store(ptrs, value, mask=mask)
+
+
+@triton.jit
 def _prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log, dt_bias, state_idx, ring_k, ring_g, ring_b, ring_kk,
     tickets, pqk, pco, pn,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
     EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
+    KEEP: tl.constexpr = False,
 ):
     """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
@@ -320,7 +331,8 @@ def _prep_kernel(
     MMA (the output launch's row sums as tensor-core products): ``pqk`` gets k and q
     as two parts each (rows k hi, k lo, q hi, q lo): MMA 1 (fp8, nvfp4 copies) float16
     :func:`tl_dots.split_f16` parts, MMA 2 (fp32) float32 tf32 heads and remainders;
-    MMA 0 their float32 values (q, k)."""
+    MMA 0 their float32 values (q, k).  KEEP: ``pqk``, ``pco`` and ``pn`` are stored with
+    the ``evict_last`` L2 policy."""
     hk = tl.program_id(0)
     bidx = tl.program_id(1)
     GRP: tl.constexpr = HV // HK
@@ -357,24 +369,24 @@ def _prep_kernel(
     if MMA != 0:
         qb = pqk + (bidx * HK + hk) * (4 * K)
         k_hi, k_lo, q_hi, q_lo = _kq_parts(k, q, MMA)
-        tl.store(qb + offs_k, k_hi, mask=ok)
-        tl.store(qb + K + offs_k, k_lo, mask=ok)
-        tl.store(qb + 2 * K + offs_k, q_hi, mask=ok)
-        tl.store(qb + 3 * K + offs_k, q_lo, mask=ok)
+        _store_kept(qb + offs_k, k_hi, ok, KEEP)
+        _store_kept(qb + K + offs_k, k_lo, ok, KEEP)
+        _store_kept(qb + 2 * K + offs_k, q_hi, ok, KEEP)
+        _store_kept(qb + 3 * K + offs_k, q_lo, ok, KEEP)
     else:
         qb = pqk + (bidx * HK + hk) * (2 * K)
-        tl.store(qb + offs_k, q, mask=ok)
-        tl.store(qb + K + offs_k, k, mask=ok)
+        _store_kept(qb + offs_k, q, ok, KEEP)
+        _store_kept(qb + K + offs_k, k, ok, KEEP)
     cb = pco + (bidx * HV + hs) * CW  # (GP,) row starts
     m2 = mj[:, None] & ok
-    tl.store(cb[:, None] + offs_r[None, :], w * kk[None, :], mask=m2)
-    tl.store(cb[:, None] + RP + offs_r[None, :], w * kq[None, :], mask=m2)
+    _store_kept(cb[:, None] + offs_r[None, :], w * kk[None, :], m2, KEEP)
+    _store_kept(cb[:, None] + RP + offs_r[None, :], w * kq[None, :], m2, KEEP)
     mo = mj & ok
-    tl.store(cb + 2 * RP, tl.exp(Gs), mask=mo)
-    tl.store(cb + 2 * RP + 1, tl.exp(g), mask=mo)
-    tl.store(cb + 2 * RP + 2, beta, mask=mo)
-    tl.store(cb + 2 * RP + 3, tl.zeros_like(beta) + kqs, mask=mo)
-    tl.store(pn + bidx, tl.where(ok, n, -1), mask=hk == 0)
+    _store_kept(cb + 2 * RP, tl.exp(Gs), mo, KEEP)
+    _store_kept(cb + 2 * RP + 1, tl.exp(g), mo, KEEP)
+    _store_kept(cb + 2 * RP + 2, beta, mo, KEEP)
+    _store_kept(cb + 2 * RP + 3, tl.zeros_like(beta) + kqs, mo, KEEP)
+    _store_kept(pn + bidx, tl.where(ok, n, -1), hk == 0, KEEP)
     if not CONC:
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")

@@ -384,6 +384,7 @@ def test_large_batch_launch(design) -> None:
     assert cache.out_TPP == (2 if cache.out_mma else 1)
     assert cache.out_mma == (design.read_format in ("fp8-e4m3", "nvfp4"))
     assert cache.out_evict == (not cache.out_mma)  # plain tile loads stream evict-first
+    assert not cache.prep_keep
     check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
@@ -792,19 +793,21 @@ def test_hw_fp8_encoder_changes_no_bit() -> None:
     assert_runs_same_bits(res)
 
 
+@pytest.mark.parametrize("option", ["out_evict", "prep_keep"])
 @pytest.mark.parametrize("read", ["fp8-e4m3", "nvfp4", None])
-def test_out_evict_changes_no_bit(read: str | None) -> None:
+def test_l2_policies_change_no_bit(option: str, read: str | None) -> None:
     """The staged output launch's tiles streamed with the evict-first L2 policy
-    (``out_evict``) give the same outputs and stored copies."""
+    (``out_evict``), or the prep launch's rows stored evict-last (``prep_keep``), give
+    the same outputs and stored copies."""
     B, L = 3, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=4)
     idx = torch.arange(B, dtype=torch.int32, device=DEV)
     res = []
-    for evict in (False, True):
+    for on in (False, True):
         cache = GDNReplayCache(B, HK, HV, K, V, window=L, read=read, device=DEV, seed=3,
                                checkpoint="fp16-sr" if read == "nvfp4" else "fp32",
-                               launch="staged", batch_hint=256, out_evict=evict)
-        assert cache.out_evict is evict
+                               launch="staged", batch_hint=256, **{option: on})
+        assert getattr(cache, option) is on
         cache.reset(state0(B))
         outs = [cache.step(*args(r), params.A_log, params.dt_bias, idx).clone() for r in raws]
         copies = cache.read.tensors() if read is not None else []
@@ -812,9 +815,10 @@ def test_out_evict_changes_no_bit(read: str | None) -> None:
     assert_runs_same_bits(res)
 
 
-def test_out_evict_rejects_other_launches() -> None:
-    with pytest.raises(ValueError, match="out_evict needs the staged launch"):
-        GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, launch="fused", out_evict=True)
+@pytest.mark.parametrize("option", ["out_evict", "prep_keep"])
+def test_l2_policies_reject_other_launches(option: str) -> None:
+    with pytest.raises(ValueError, match=f"{option} needs the staged launch"):
+        GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, launch="fused", **{option: True})
 
 
 @pytest.mark.parametrize("kw", [dict(checkpoint="nvfp4"), dict(launch="fused")])
