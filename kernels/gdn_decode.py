@@ -279,6 +279,9 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     fwhole = "nvfp4" in (checkpoint, fread)
     out_fmt = read or checkpoint
     obv, onw, otpp, ons = _OUT_CFG.get(out_fmt, (16, 1, 1, 1))
+    # tensor-core row sums of pipelined tiles (fp8, nvfp4); the others' plain tile loads
+    # stream evict-first (out_evict)
+    mma = out_fmt in ("fp8-e4m3", "nvfp4")
     obv = min(V, obv)
     while (v_heads // k_heads * (V // obv)) % otpp:  # tiles of a k-head group
         otpp //= 2
@@ -312,8 +315,7 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_licm=not fwhole, flush_grid="dynamic" if fread or sr16 else "persistent",
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if fwhole else 1, flush_tma=tma,
-                hw_fp8=read == "fp8-e4m3", out_mma=out_fmt in ("fp8-e4m3", "nvfp4"),
-                out_evict=out_fmt not in ("fp8-e4m3", "nvfp4"), prep_keep=False,
+                hw_fp8=read == "fp8-e4m3", out_mma=mma, out_evict=not mma, prep_keep=False,
                 flush_ring_ahead=not fwhole, flush_evict=fread == "fp8-e4m3",
                 read_encode=read_encode)
 
@@ -477,11 +479,11 @@ class GDNReplayCache:
     * ``out_evict``: the staged output launch streams its copy's rows with the
       ``evict_first`` L2 policy, so the prep launch's q, k and coefficients, which every
       output program reads, stay in L2 (the same bits).  On by default in the staged
-      launch where the tiles are plain loads (copies without tensor-core row sums: the
-      pipelined loads of fp8 and nvfp4 tiles go through shared memory and drop the
-      hint).  H200, batch 256, L = 16, replay fp32, three / two alternating pairs:
-      qwen3.5-4b 169.7-170.8 against 171.6-171.8 us per step, qwen3.5-122b 316.2-316.4
-      against 317.2-317.6.
+      launch for the copies whose tiles are plain loads (fp32, 16-bit and mxfp4 copies;
+      the pipelined loads of fp8 and nvfp4 tiles, read by tensor-core row sums, go
+      through shared memory and drop the hint).  Timed for fp32 copies (H200, batch
+      256, L = 16, replay fp32, three / two alternating pairs): qwen3.5-4b 169.7-170.8
+      against 171.6-171.8 us per step, qwen3.5-122b 316.2-316.4 against 317.2-317.6.
     * ``prep_keep``: the staged prep launch stores the rows that every output program
       reads (q and k, ring coefficients, ring position) with the ``evict_last`` L2
       policy, so the output launch's stream of the copy does not push them out of L2
