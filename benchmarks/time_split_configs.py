@@ -62,14 +62,23 @@ def gdn_keywords() -> list[str]:
 
 def gdn_fields(pairs: list[str]) -> dict:
     """``GDNReplayCache`` keywords from ``key=value`` pairs (ints and true / false where
-    they parse)."""
+    they parse; a keyword annotated bool or int must parse as one)."""
+    import inspect
+
+    params = inspect.signature(GDNReplayCache.__init__).parameters
     keys = gdn_keywords()
     fields = {}
     for p in pairs:
         key, sep, val = p.partition("=")
         if not sep or key not in keys:
             raise ValueError(f"want KEY=VALUE with a GDNReplayCache launch keyword, got {p!r}")
-        fields[key] = field_value(val)
+        value = field_value(val)
+        kind = str(params[key].annotation).split("|")[0].strip()
+        if kind == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false, got {val!r}")
+        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{key} must be an integer, got {val!r}")
+        fields[key] = value
     return fields
 
 
