@@ -798,7 +798,10 @@ def test_hw_fp8_encoder_changes_no_bit() -> None:
 def test_l2_policies_change_no_bit(option: str, read: str | None) -> None:
     """The staged output launch's tiles streamed with the evict-first L2 policy
     (``out_evict``), or the prep launch's rows stored evict-last (``prep_keep``), give
-    the same outputs and stored copies."""
+    the same outputs and stored copies.  The interpreter ignores the policies, so there
+    each option runs with one copy (its wiring; compiled, every copy)."""
+    if DEVICE == "cpu" and read != {"out_evict": None, "prep_keep": "fp8-e4m3"}[option]:
+        pytest.skip("one copy per option under the interpreter")
     B, L = 3, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=4)
     idx = torch.arange(B, dtype=torch.int32, device=DEV)
