@@ -52,20 +52,18 @@ GDN_FIXED = ("window", "checkpoint", "read", "ring_dtype", "drafts", "seed", "de
 """``GDNReplayCache`` keywords that the design and the timing fix (not ``--config``)."""
 
 
-def gdn_keywords() -> list[str]:
-    """The ``GDNReplayCache`` launch keywords a ``--config`` may set."""
+def gdn_keywords() -> dict:
+    """The ``GDNReplayCache`` launch keywords a ``--config`` may set, by name (their
+    ``inspect.Parameter``)."""
     import inspect
 
     params = inspect.signature(GDNReplayCache.__init__).parameters.values()
-    return [q.name for q in params if q.kind == q.KEYWORD_ONLY and q.name not in GDN_FIXED]
+    return {q.name: q for q in params if q.kind == q.KEYWORD_ONLY and q.name not in GDN_FIXED}
 
 
 def gdn_fields(pairs: list[str]) -> dict:
     """``GDNReplayCache`` keywords from ``key=value`` pairs (ints and true / false where
     they parse; a keyword annotated bool or int must parse as one)."""
-    import inspect
-
-    params = inspect.signature(GDNReplayCache.__init__).parameters
     keys = gdn_keywords()
     fields = {}
     for p in pairs:
@@ -73,7 +71,7 @@ def gdn_fields(pairs: list[str]) -> dict:
         if not sep or key not in keys:
             raise ValueError(f"want KEY=VALUE with a GDNReplayCache launch keyword, got {p!r}")
         value = field_value(val)
-        kind = str(params[key].annotation).split("|")[0].strip()
+        kind = str(keys[key].annotation).split("|")[0].strip()
         if kind == "bool" and not isinstance(value, bool):
             raise ValueError(f"{key} must be true or false, got {val!r}")
         if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
