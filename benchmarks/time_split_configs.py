@@ -15,7 +15,13 @@ see the run's noise.
         --design replay-fp32 --config "" --config "num_warps=4"
 
 ``--launch fused`` (Mamba-2) times the one-launch kernel of small batches instead of
-the split launch; its configurations take ``num_warps`` only.
+the split launch; its configurations take ``num_warps`` only.  ``--layers N`` (GDN)
+times steps that run N layers of the design in turn, each with its own cache, so a
+layer's L2 policies meet the other layers' traffic, as in a model's decode step; the
+times are per layer:
+
+    python benchmarks/time_split_configs.py --model qwen3.5-122b --layers 4 \
+        --design split-fp32-fp8 --config "" --config "prep_keep=false"
 
 Exit 2 with one line on bad arguments (every configuration is checked as the step
 checks it before any GPU work) or without a GPU; the JSON is written whole or not at
@@ -93,16 +99,17 @@ FUSED_FIELDS = ("num_warps",)
 
 
 def time_configs(model: str, design: str, configs: list[dict], batch: int, window: int,
-                 rounds: int, log=print, launch: str = "split") -> list[dict]:
+                 rounds: int, log=print, launch: str = "split", layers: int = 1) -> list[dict]:
     """Output-step mean, flush and window mean (us) of each configuration (Mamba-2:
-    of the ``launch`` it names)."""
+    of the ``launch`` it names; GDN: per layer of ``layers`` stepped in turn)."""
     from precisionlab.presets import get_preset
     from precisionlab.studies.bench_mamba2 import _Problem, _Runner
 
     if get_preset(model).kind == "gdn":
         ck, rd = DESIGNS[design]
         return [window_row("config", fields,
-                           time_window("gdn", model, ck, rd, batch, window, rounds, fields),
+                           time_window("gdn", model, ck, rd, batch, window, rounds,
+                                       {**fields, "layers": layers}),
                            log) for fields in configs]
     from precisionlab.timing import ColdL2Timer
 
@@ -127,9 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launch", choices=("split", "fused"), default="split",
                     help="Mamba-2: the split launch or the one-launch kernel of small "
                     "batches (field " + ", ".join(FUSED_FIELDS) + ")")
+    ap.add_argument("--layers", type=int, default=1,
+                    help="GDN: layers of the design that each timed step runs in turn, each "
+                    "with its own cache (as a model's decode step; times per layer)")
     add_window_args(ap)
     args = ap.parse_args(argv)
     preset = checked_preset(ap, args, ("mamba2", "gdn"))
+    if args.layers < 1:
+        ap.error("--layers must be >= 1")
+    if args.layers > 1 and preset.kind != "gdn":
+        ap.error("--layers is for GDN models")
     if args.launch == "fused" and preset.kind == "gdn":
         ap.error("--launch fused is for Mamba-2 models")
     ck, rd = DESIGNS[args.design]
@@ -150,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     label = "configuration" if args.launch == "split" else "fused-launch configuration"
     return run_timed("time_split_configs", args, label, lambda: time_configs(
         args.model, args.design, configs, args.batch, args.window, args.rounds,
-        launch=args.launch))
+        launch=args.launch, layers=args.layers))
 
 
 if __name__ == "__main__":

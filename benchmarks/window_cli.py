@@ -87,10 +87,13 @@ def run_timed(script: str, args: argparse.Namespace, label: str,
 
 def write_rows(args: argparse.Namespace, rows: list[dict]) -> None:
     """The results as JSON at ``args.out`` (if given), with the model, design, launch
-    (where the script takes one), batch, window, device and torch version."""
+    (where the script takes one), layers (where more than one), batch, window, device
+    and torch version."""
     if args.out:
-        launch = {"launch": args.launch} if hasattr(args, "launch") else {}
-        write_json(args.out, {"model": args.model, "design": args.design, **launch,
+        extra = {"launch": args.launch} if hasattr(args, "launch") else {}
+        if getattr(args, "layers", 1) > 1:
+            extra["layers"] = args.layers
+        write_json(args.out, {"model": args.model, "design": args.design, **extra,
                               "batch": args.batch, "window": args.window,
                               "device": torch.cuda.get_device_name(),
                               "torch": torch.__version__, "results": rows})

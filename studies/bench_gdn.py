@@ -252,42 +252,69 @@ def fla_graph(s: Shape, clock: Clock):
 
 def time_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
                 rounds: int = 3, cfg: dict | None = None) -> list[float]:
-    """Per-ring-position medians (positions 0 .. L-2 output steps, L-1 the flush).
+    """Per-ring-position medians (positions 0 .. L-2 output steps, L-1 the flush), per
+    layer.
 
     ``cfg["phases"]`` (not a cache keyword): "aligned" (default: every sequence starts
     at ring position 0, so the whole batch flushes at the same step) or "staggered"
     (sequence b starts at position b mod L, as when a server admits sequences on
     different steps: every step flushes about 1/L of the batch; the medians are then
-    per step of the cycle, not per ring position)."""
-    return clock.cycle(replay_graph(s, clock, ckpt, read, L, cfg), L, rounds)
+    per step of the cycle, not per ring position).  ``cfg["layers"]`` (not a cache
+    keyword either; default 1): the captured step runs that many layers of the design
+    one after another, each with its own cache and inputs, as a model's decode step
+    does, so each layer's launches see the others' traffic in L2; the times are the
+    step's divided by the layers."""
+    layers = _layers(cfg)
+    times = clock.cycle(replay_graph(s, clock, ckpt, read, L, cfg), L, rounds)
+    return [t / layers for t in times]
+
+
+def _layers(cfg: dict | None) -> int:
+    layers = (cfg or {}).get("layers", 1)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise BenchError(f"layers must be an integer >= 1, got {layers!r}")
+    return layers
 
 
 def replay_graph(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
                  cfg: dict | None = None):
-    """The captured step of a replay design (:func:`time_replay`), its ring at
-    position 0: each further window of L replays times every position once."""
+    """The captured step of a replay design (:func:`time_replay`; ``cfg["layers"]``
+    caches stepped in turn), its rings at position 0: each further window of L replays
+    times every position once."""
     from precisionlab.kernels.gdn_decode import GDNReplayCache
 
     cfg = dict(cfg or {})
     phases = cfg.pop("phases", "aligned")
     if phases not in PHASES:
         raise BenchError(f"phases must be one of {', '.join(PHASES)}, got {phases!r}")
-    x = _inputs(s, clock.device)
-    cache = GDNReplayCache(s.batch, s.HK, s.HV, s.K, s.V, window=L, checkpoint=ckpt,
-                           read=read, device=clock.device, **cfg)
-    cache.reset(_state0(s, clock.device))
-    idx = torch.arange(s.batch, dtype=torch.int32, device=clock.device)
-    out = torch.empty(s.batch, s.HV, s.V, device=clock.device)
-    g = clock.graph(lambda: cache.step(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"],
-                                       x["dt_bias"], idx, out=out))
-    cache.counters.reset()  # the warm-up call advanced the ring
+    layers = _layers(cfg)
+    cfg.pop("layers", None)
+    dev = clock.device
+    idx = torch.arange(s.batch, dtype=torch.int32, device=dev)
+    steps = []
+    for layer in range(layers):
+        x = _inputs(s, dev, seed=layer)
+        cache = GDNReplayCache(s.batch, s.HK, s.HV, s.K, s.V, window=L, checkpoint=ckpt,
+                               read=read, device=dev, **cfg)
+        cache.reset(_state0(s, dev, seed=1 + layer))
+        out = torch.empty(s.batch, s.HV, s.V, device=dev)
+        steps.append((cache, x, out))
+
+    def step() -> None:
+        for cache, x, out in steps:
+            cache.step(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], idx,
+                       out=out)
+
+    g = clock.graph(step)
+    for cache, _, _ in steps:
+        cache.counters.reset()  # the warm-up call advanced the ring
     if phases == "staggered":
         from precisionlab.timing import stagger_clocks
 
-        stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
+        for cache, _, _ in steps:
+            stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
         clock.run(g, L)  # one untimed window: every ring entry written once
     return g
-
 
 
 def time_verify(s: Shape, clock: Clock, T: int, L: int, cfg: dict | None = None

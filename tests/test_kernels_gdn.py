@@ -567,6 +567,34 @@ def test_gdn_bench_times_staggered_phases() -> None:
                      phases="random")
 
 
+def test_gdn_bench_times_layers(monkeypatch) -> None:
+    """``layers``: the timed step runs that many caches in turn (the same order in every
+    step) and the times are per layer; a bad count is one error."""
+    from precisionlab.kernels import gdn_decode
+    from precisionlab.studies import bench_gdn as bg
+
+    calls = []
+    step = gdn_decode.GDNReplayCache.step
+
+    def counted(self, *a, **kw):
+        calls.append(id(self))
+        return step(self, *a, **kw)
+
+    monkeypatch.setattr(gdn_decode.GDNReplayCache, "step", counted)
+    s = bg.Shape("tiny", 3, HK, HV, K, V)
+    clock = bg.Clock(DEV, reps=1)
+    cfg = {"layers": 2, "launch": "staged", "block_v": 16, "out_block_v": 16}
+    pos = bg.time_replay(s, clock, "fp32", None, 3, 1, cfg)
+    assert len(pos) == 3 and all(p > 0 for p in pos) and cfg["layers"] == 2
+    assert len(set(calls)) == 2 and len(calls) % 2 == 0
+    assert calls[0::2] == [calls[0]] * (len(calls) // 2) != calls[1::2]
+    monkeypatch.setattr(clock, "cycle", lambda g, period, rounds: [6.0] * period)
+    assert bg.time_replay(s, clock, "fp32", None, 3, 1, {"layers": 3}) == [2.0] * 3
+    for bad in (0, True, "2"):
+        with pytest.raises(bg.BenchError, match="layers must be an integer"):
+            bg.time_replay(s, clock, "fp32", None, 3, 1, {"layers": bad})
+
+
 @pytest.mark.parametrize("grid", ["persistent", "dynamic", "units"])
 def test_staged_flush_after_prep_equals_before(grid) -> None:
     """On a GPU the staged step's flush launch runs on its own stream, so it may run
