@@ -150,13 +150,17 @@ def default_config(batch: int, v_heads: int, V: int, K: int,
 _MMA_KINDS = {"fp8-e4m3": 1, "nvfp4": 1, "fp32": 2}
 """Copies whose output tiles can be read by tensor-core products (``out_mma``) and
 the prep launch's form of k and q for them (:func:`_prep_kernel`'s ``MMA``)."""
-_OUT_CFG = {"fp32": (16, 1, 1, 1), "fp8-e4m3": (128, 2, 2, 2), "nvfp4": (128, 2, 4, 2),
+_OUT_CFG = {"fp32": (32, 2, 1, 1), "fp8-e4m3": (128, 2, 2, 2), "nvfp4": (128, 2, 4, 2),
             "mxfp4": (64, 2, 1, 1)}
 """Staged output launch by the format it reads: rows per tile, warps, tiles per program
 (at most a k-head group's), pipeline stages (fp8 and nvfp4 copies: tensor-core row sums,
 ``out_mma``).  nvfp4 tiles decoded from words (sixteenth H200 run, qwen3.5-122b output
 step us): 4 tiles per program 96.5 / 98.3 / 98.2 against 99.5 / 100.3 / 100.2 with 2; fp8
-copies lost with 4 (112.7 / 113.8 against 111.2 / 110.8)."""
+copies lost with 4 (112.7 / 113.8 against 111.2 / 110.8).  fp32 copies in 32-row tiles of
+2 warps (thirty-sixth run, qwen3.5-4b replay fp32, us per step, three alternating
+pairs, evict-first tile loads and evict-last prep rows on): 168.4-168.8 against
+170.0-171.1 with 16-row one-warp tiles; 64 rows of 2 warps 168.2, 32 rows of 1 warp
+174.5."""
 
 
 def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, checkpoint: str,
