@@ -54,8 +54,8 @@ _TMA = {"flush_tma": True, "maxnreg": 255}
 _ONE = {"out_tiles_per_program": 1, "out_stages": 1}
 LARGE = {"conventional": {"block_v": 8, "num_warps": 1},
          "replay-fp32": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
-                         "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 16,
-                         "out_num_warps": 1, **_ONE},
+                         "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 32,
+                         "out_num_warps": 2, **_ONE},
          "split-fp32-fp8": {"launch": "staged", **_FLUSH, **_TMA, "num_warps": 1,
                             "flush_ctas_per_sm": 8, "flush_stages": 1, "out_block_v": 128,
                             "out_num_warps": 2, "out_tiles_per_program": 2, "out_stages": 2,
@@ -76,10 +76,12 @@ OUT_KEYS = ("launch", "out_block_v", "out_num_warps", "out_tiles_per_program", "
 FLUSH_KEYS = ("block_v", "num_warps", "flush_chunk", "flush_stages", "maxnreg",
               "flush_ctas_per_sm", "dot_precision", "flush_licm", "flush_grid", "flush_pass",
               "fast_encode", "flush_prefetch", "flush_tma", "hw_fp8", "flush_ring_ahead")
-# 32-row tiles over 2 warps hold fewer registers than the defaults (offline sm_90,
-# qwen3.5-4b: nvfp4 96 against 128); an fp8 copy: 64-row tiles alone, or the 16-row
-# 1-warp tiles with CUDA-core row sums (the default before the thirteenth H200 run)
-_OUT_ALTS = {"replay-fp32": [{"out_block_v": 32, "out_num_warps": 2},
+# fp32 copies: the 16-row 1-warp tiles (the default before the thirty-sixth H200 run) or
+# 32-row tiles over 4 warps; 32-row tiles over 2 warps hold fewer registers than the
+# defaults (offline sm_90, qwen3.5-4b: nvfp4 96 against 128); an fp8 copy: 64-row tiles
+# alone, or the 16-row 1-warp tiles with CUDA-core row sums (the default before the
+# thirteenth H200 run)
+_OUT_ALTS = {"replay-fp32": [{"out_block_v": 16, "out_num_warps": 1},
                              {"out_block_v": 32, "out_num_warps": 4}],
              "split-fp32-fp8": [{"out_block_v": 64, "out_num_warps": 2, **_ONE},
                                 {"out_block_v": 16, "out_num_warps": 1, **_ONE,
