@@ -442,6 +442,9 @@ def bench(
                          "intervals.")] = False,
     rounds: Annotated[int | None, typer.Option(
         help="Rounds of --paired (default 60).")] = None,
+    layers: Annotated[int, typer.Option(
+        help="--paired, GDN: layers each timed step runs in turn, ours and the peer's, "
+             "each with its own state (times per layer).")] = 1,
     mamba_ssm_path: Annotated[Path | None, typer.Option(
         help="A state-spaces/mamba checkout: the Mamba-2 peer (else the installed "
              "mamba_ssm).")] = None,
@@ -453,6 +456,8 @@ def bench(
             fail("--phases and --paired apply to the kernel benchmarks (--what mamba2 or gdn)")
         if rounds is not None and not paired:
             fail("--rounds applies to --paired")
+        if layers != 1 and not paired:
+            fail("--layers applies to --paired")
         if mamba_ssm_path is not None:
             if what is not BenchWhat.mamba2:
                 fail("--mamba-ssm-path applies to --what mamba2")
@@ -460,7 +465,7 @@ def bench(
                 fail(f"--mamba-ssm-path {str(mamba_ssm_path)!r} is not a folder")
         if paired:
             ds = _bench_paired(what.value, model, batch, window, rounds or 60, phases.value,
-                               mamba_ssm_path)
+                               mamba_ssm_path, layers)
         elif what is BenchWhat.engine:
             from precisionlab.studies.bench_engine import bench_engine
 
@@ -498,7 +503,7 @@ def _bench_kernels(kind: str, models, batches, windows, phases: str, mamba_ssm_p
 
 
 def _bench_paired(kind: str, models, batches, windows, rounds: int, phases: str,
-                  mamba_ssm_path):
+                  mamba_ssm_path, layers: int = 1):
     """``--paired``: one (model, batch, window) point of the paired timing."""
     from precisionlab.presets import get_preset
     from precisionlab.studies.paired import check_paired, paired_bench
@@ -512,10 +517,11 @@ def _bench_paired(kind: str, models, batches, windows, rounds: int, phases: str,
     model_kind = get_preset(model).kind
     if model_kind != kind:
         fail(f"--model {model} is a {model_kind} model, not {kind}")
-    check_paired(model, None, batch, window, rounds)
+    check_paired(model, None, batch, window, rounds, layers)
     _require_cuda(kind)
     return paired_bench(model, batch=batch, window=window, rounds=rounds,
-                        mamba_ssm_path=mamba_ssm_path, log=lambda m: err.print(m, highlight=False))
+                        mamba_ssm_path=mamba_ssm_path, layers=layers,
+                        log=lambda m: err.print(m, highlight=False))
 
 
 def _print_bench(ds) -> None:

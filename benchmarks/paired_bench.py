@@ -4,6 +4,7 @@ our kernels and the peer timed in turn, round after round, in one process.
     python benchmarks/paired_bench.py --model nemotron-3-nano-4b --batch 1 --rounds 60 \\
         --mamba-ssm-path /path/to/mamba --out paired_nano_b1.json
     python benchmarks/paired_bench.py --model qwen3.5-4b --batch 1 --out paired_q4b_b1.json
+    python benchmarks/paired_bench.py --model qwen3.5-4b --batch 256 --layers 8 --rounds 20
 
 Each round replays every kernel's CUDA graph with a cold L2 -- a replay design's whole
 window (flush included), else one step -- in an order rotated per round; the speedup
@@ -40,13 +41,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="conventional replay-fp32 split-fp32-fp8 split-fp16sr-nvfp4 "
                          "(default: all)")
     ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--layers", type=int, default=1,
+                    help="GDN: layers each timed graph (the peer's too) runs in turn, each "
+                         "with its own state; times per layer")
     ap.add_argument("--mamba-ssm-path", default=None,
                     help="a state-spaces/mamba checkout (Mamba-2 peer)")
     ap.add_argument("--out", default=None, help="JSON summary")
     ap.add_argument("--nc", default=None, help="also the Dataset (.nc / .zarr)")
     args = ap.parse_args(argv)
     try:
-        check_paired(args.model, args.kernels, args.batch, args.window, args.rounds)
+        check_paired(args.model, args.kernels, args.batch, args.window, args.rounds,
+                     args.layers)
     except PairedError as e:
         ap.error(str(e))
     from precisionlab.export import ResultError, check_writable
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ds = paired_bench(args.model, batch=args.batch, window=args.window,
                           kernels=args.kernels, rounds=args.rounds,
-                          mamba_ssm_path=args.mamba_ssm_path)
+                          mamba_ssm_path=args.mamba_ssm_path, layers=args.layers)
     except PairedError as e:  # the peer is missing
         print(f"paired_bench.py: {e}", file=sys.stderr)
         return 2

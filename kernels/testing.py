@@ -18,6 +18,9 @@ _MODULES = ("tl_formats", "tl_common", "tl_dots", "tl_prefetch", "tl_mamba2_fast
             "mamba2_verify", "mamba2_step", "mamba2_spec", "mamba2_backend", "gdn_extra",
             "gdn_device", "gdn_flush", "gdn_step", "gdn_verify", "gdn_decode", "gdn_backend",
             "backend")
+_OTHERS = ("precisionlab.timing",)
+"""Modules outside ``kernels`` with Triton kernels of their own (the timer's clock
+staggering)."""
 
 
 def kernel_device() -> str:
@@ -27,7 +30,8 @@ def kernel_device() -> str:
     if os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"
         pkg = __package__
-        loaded = [f"{pkg}.{m}" for m in _MODULES if f"{pkg}.{m}" in sys.modules]
+        names = [f"{pkg}.{m}" for m in _MODULES] + list(_OTHERS)
+        loaded = [name for name in names if name in sys.modules]
         for name in loaded:
             importlib.reload(sys.modules[name])
     return "cpu"

@@ -202,19 +202,28 @@ def time_conventional(s: Shape, clock: Clock, cfg: dict | None = None) -> float:
     return clock.median(conventional_graph(s, clock, cfg))
 
 
-def conventional_graph(s: Shape, clock: Clock, cfg: dict | None = None):
-    """The captured conventional step (``cfg``: block_v, num_warps)."""
+def conventional_graph(s: Shape, clock: Clock, cfg: dict | None = None, layers: int = 1):
+    """The captured conventional step (``cfg``: block_v, num_warps) of ``layers`` layers
+    in turn, each with its own state and inputs."""
     from precisionlab.kernels.gdn_decode import conventional_step
     from precisionlab.kernels.state import StateStore
 
     cfg = cfg or {}
-    x = _inputs(s, clock.device)
-    store = StateStore.encode(_state0(s, clock.device), "fp32")
     idx = torch.arange(s.batch, dtype=torch.int32, device=clock.device)
-    out = torch.empty(s.batch, s.HV, s.V, device=clock.device)
-    return clock.graph(lambda: conventional_step(
-        x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], store, idx,
-        out=out, block_v=cfg.get("block_v"), num_warps=cfg.get("num_warps")))
+    runs = []
+    for layer in range(_layers({"layers": layers})):
+        x = _inputs(s, clock.device, seed=layer)
+        store = StateStore.encode(_state0(s, clock.device, seed=1 + layer), "fp32")
+        out = torch.empty(s.batch, s.HV, s.V, device=clock.device)
+        runs.append((x, store, out))
+
+    def step() -> None:
+        for x, store, out in runs:
+            conventional_step(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"],
+                              x["dt_bias"], store, idx, out=out, block_v=cfg.get("block_v"),
+                              num_warps=cfg.get("num_warps"))
+
+    return clock.graph(step)
 
 
 def fla_available() -> bool:
@@ -231,20 +240,24 @@ def time_fla(s: Shape, clock: Clock) -> float:
     return clock.median(fla_graph(s, clock))
 
 
-def fla_graph(s: Shape, clock: Clock):
-    """The captured step of the peer (:func:`time_fla`)."""
+def fla_graph(s: Shape, clock: Clock, layers: int = 1):
+    """The captured step of the peer (:func:`time_fla`) for ``layers`` layers in turn,
+    each with its own state and inputs."""
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
-    x = _inputs(s, clock.device)
-    h0 = (0.1 * torch.randn(s.batch, s.HV, s.K, s.V, device=clock.device))
-    q, k, v = x["q"][:, None], x["k"][:, None], x["v"][:, None]
-    a, b = x["a"][:, None], x["b"][:, None]
+    runs = []
+    for layer in range(_layers({"layers": layers})):
+        x = _inputs(s, clock.device, seed=layer)
+        h0 = (0.1 * torch.randn(s.batch, s.HV, s.K, s.V, device=clock.device))
+        runs.append((x, h0))
 
-    def run():
-        return fused_recurrent_gated_delta_rule(
-            q, k, v, g=a, beta=b, initial_state=h0, output_final_state=True,
-            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x["A_log"],
-            dt_bias=x["dt_bias"], use_beta_sigmoid_in_kernel=True)
+    def run() -> None:
+        for x, h0 in runs:
+            fused_recurrent_gated_delta_rule(
+                x["q"][:, None], x["k"][:, None], x["v"][:, None], g=x["a"][:, None],
+                beta=x["b"][:, None], initial_state=h0, output_final_state=True,
+                use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x["A_log"],
+                dt_bias=x["dt_bias"], use_beta_sigmoid_in_kernel=True)
 
     with torch.inference_mode():
         return clock.graph(run)

@@ -40,7 +40,7 @@ class PairedError(StudyError):
 
 
 def check_paired(model: str, kernels: Sequence[str] | None, batch: int, window: int,
-                 rounds: int) -> tuple[str, list[str]]:
+                 rounds: int, layers: int = 1) -> tuple[str, list[str]]:
     """``(family, kernels)`` after the argument checks (no kernels: all of the
     family's); :class:`PairedError` with one line otherwise."""
     try:
@@ -56,6 +56,10 @@ def check_paired(model: str, kernels: Sequence[str] | None, batch: int, window: 
                           f"{', '.join(KERNELS[kind])}")
     if batch < 1 or window < 2 or rounds < 2:
         raise PairedError("batch must be >= 1, window >= 2 and rounds >= 2")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise PairedError(f"layers must be an integer >= 1, got {layers!r}")
+    if layers > 1 and kind != "gdn":
+        raise PairedError("layers > 1 is timed for GDN models only")
     return kind, list(dict.fromkeys(kernels))
 
 
@@ -81,7 +85,7 @@ def _mamba2_graphs(model: str, batch: int, window: int, kernels: Sequence[str],
 
 
 def _gdn_graphs(model: str, batch: int, window: int, kernels: Sequence[str],
-                dev: torch.device) -> dict:
+                dev: torch.device, layers: int = 1) -> dict:
     from precisionlab.studies.bench_gdn import (
         DESIGNS,
         Clock,
@@ -95,19 +99,20 @@ def _gdn_graphs(model: str, batch: int, window: int, kernels: Sequence[str],
     if not fla_available():
         raise PairedError("fla (package fla-core) is needed as the peer")
     s, clock = shape_of(model, batch), Clock(dev)
-    graphs = {"fla": (fla_graph(s, clock), 1)}
+    graphs = {"fla": (fla_graph(s, clock, layers), 1)}
     for k in kernels:
         if k == "conventional":
-            graphs[k] = (conventional_graph(s, clock), 1)
+            graphs[k] = (conventional_graph(s, clock, layers=layers), 1)
         else:
-            graphs[k] = (replay_graph(s, clock, *DESIGNS[k], window), window)
+            graphs[k] = (replay_graph(s, clock, *DESIGNS[k], window, {"layers": layers}),
+                         window)
     return graphs
 
 
 def paired_bench(model: str, *, batch: int = 1, window: int = 16,
                  kernels: Sequence[str] | None = None, rounds: int = 60,
                  mamba_ssm_path: str | Path | None = None, device: str = "cuda",
-                 log: Callable[[str], None] = print) -> xr.Dataset:
+                 layers: int = 1, log: Callable[[str], None] = print) -> xr.Dataset:
     """Paired timing of our kernels and the family's peer at one (model, batch,
     window) point: an ``xarray.Dataset`` with ``us_step`` over (kernel, round) -- the
     mean us per step of each round, a replay design's window mean (flush included)
@@ -118,26 +123,29 @@ def paired_bench(model: str, *, batch: int = 1, window: int = 16,
     or the installed package) or fla's ``fused_recurrent_gated_delta_rule`` (GDN).
     Kernels run as the block benchmarks run them untuned: Mamba-2 with each design's
     first candidate (the library's own defaults at small batches), GDN with the
-    library's defaults."""
+    library's defaults.  ``layers`` (GDN): every graph, the peer's included, runs that
+    many layers in turn, each with its own state and inputs, as a model's decode step
+    does; ``us_step`` is then per layer."""
     import triton
 
     from precisionlab.timing import ColdL2Timer, paired_speedups
 
-    kind, kernels = check_paired(model, kernels, batch, window, rounds)
+    kind, kernels = check_paired(model, kernels, batch, window, rounds, layers)
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise PairedError("paired timing needs a CUDA GPU")
     peer = PEERS[kind]
     timer = ColdL2Timer(dev)
     graphs = (_mamba2_graphs(model, batch, window, kernels, mamba_ssm_path, dev, timer)
-              if kind == "mamba2" else _gdn_graphs(model, batch, window, kernels, dev))
+              if kind == "mamba2" else _gdn_graphs(model, batch, window, kernels, dev, layers))
     timer.interleaved(graphs, 1)  # one untimed round: every window back at position 0
-    means = timer.interleaved(graphs, rounds)
+    means = {k: [m / layers for m in v] for k, v in timer.interleaved(graphs, rounds).items()}
     stats = paired_speedups(means, peer)
     names = [peer, *kernels]
+    per = f" ({layers} layers, per layer)" if layers > 1 else ""
     for k in names:
         st = stats[k]
-        log(f"{model} b{batch} L{window} {k:>20}: {st['us']:7.2f} us/step, "
+        log(f"{model} b{batch} L{window}{per} {k:>20}: {st['us']:7.2f} us/step, "
             f"{st['speedup']:.3f}x {peer} [{st['low']:.3f}, {st['high']:.3f}], "
             f"faster in {st['faster']:.0%} of rounds")
     ds = xr.Dataset(
@@ -148,7 +156,8 @@ def paired_bench(model: str, *, batch: int = 1, window: int = 16,
          "faster_share": ("kernel", [stats[k]["faster"] for k in names])},
         coords={"kernel": names, "round": np.arange(rounds)})
     ds.attrs.update({
-        "model": model, "family": kind, "batch": batch, "window": window, "peer": peer,
+        "model": model, "family": kind, "batch": batch, "window": window, "layers": layers,
+        "peer": peer,
         "rounds": rounds, "device": torch.cuda.get_device_name(dev),
         "torch": torch.__version__, "triton": triton.__version__,
         "method": "CUDA-graph replays, >=256 MB L2 flush before each; every round times "

@@ -593,6 +593,17 @@ def test_gdn_bench_times_layers(monkeypatch) -> None:
     for bad in (0, True, "2"):
         with pytest.raises(bg.BenchError, match="layers must be an integer"):
             bg.time_replay(s, clock, "fp32", None, 3, 1, {"layers": bad})
+    # the conventional step's graph: each layer its own state
+    stores = []
+    conv = gdn_decode.conventional_step
+
+    def recorded(*a, **kw):
+        stores.append(id(a[7]))
+        return conv(*a, **kw)
+
+    monkeypatch.setattr(gdn_decode, "conventional_step", recorded)
+    bg.conventional_graph(s, clock, {"block_v": 16, "num_warps": 1}, layers=2)
+    assert len(stores) == 2 and len(set(stores)) == 2
 
 
 @pytest.mark.parametrize("grid", ["persistent", "dynamic", "units"])

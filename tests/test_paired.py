@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from precisionlab.studies.paired import KERNELS, PairedError, check_paired
 from precisionlab.timing import ColdL2Timer, paired_speedups, round_orders
@@ -93,6 +94,31 @@ def test_check_paired_defaults_and_errors() -> None:
         check_paired("nemotron-3-nano-4b", ["verify-T4"], 1, 16, 2)
     with pytest.raises(PairedError, match="rounds >= 2"):
         check_paired("nemotron-3-nano-4b", None, 1, 16, 1)
+    assert check_paired("qwen3.5-4b", None, 256, 16, 2, 8)[0] == "gdn"
+    with pytest.raises(PairedError, match="GDN models only"):
+        check_paired("nemotron-3-nano-4b", None, 1, 16, 2, 2)
+    for bad in (0, True, 2.0):
+        with pytest.raises(PairedError, match="layers must be an integer >= 1"):
+            check_paired("qwen3.5-4b", None, 1, 16, 2, bad)
+
+
+def test_gdn_graphs_pass_the_layers_to_every_graph(monkeypatch) -> None:
+    """``layers``: the peer's graph and each of ours run that many layers."""
+    from precisionlab.studies import bench_gdn, paired
+
+    seen = {}
+    monkeypatch.setattr(bench_gdn, "fla_available", lambda: True)
+    monkeypatch.setattr(bench_gdn, "fla_graph",
+                        lambda s, clock, layers=1: seen.setdefault("fla", layers))
+    monkeypatch.setattr(bench_gdn, "conventional_graph",
+                        lambda s, clock, cfg=None, layers=1: seen.setdefault("conv", layers))
+    monkeypatch.setattr(bench_gdn, "replay_graph",
+                        lambda s, clock, ck, rd, L, cfg=None: seen.setdefault(ck + str(rd),
+                                                                              cfg["layers"]))
+    graphs = paired._gdn_graphs("qwen3.5-4b", 2, 4, ["conventional", "split-fp32-fp8"],
+                                torch.device("cpu"), layers=3)
+    assert seen == {"fla": 3, "conv": 3, "fp32fp8-e4m3": 3}
+    assert [g[1] for g in graphs.values()] == [1, 1, 4]  # periods: one step, a window
 
 
 def test_the_script_without_a_gpu_exits_2_and_writes_nothing(tmp_path) -> None:
