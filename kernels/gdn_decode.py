@@ -306,9 +306,9 @@ class GDNReplayCache:
       qwen3.5-122b fp32 + fp8 155.8-156.4 (108.0 / 876) against 158.2-158.8
       (111.4 / 864); qwen3.5-4b fp32 + fp8 89.4-89.8 against 89.2-89.9 (level);
       qwen3.5-4b replay fp32 170.0 / 170.0 against 171.2 / 170.7 (two pairs).  The
-      output steps gain and the flush steps lose 9-12 us.  With 4 or 16 layers per
-      timed step (``bench_gdn.time_replay``'s ``layers``) the fp8 rows gain 0.8-1.6 us
-      per layer step.  The rows (5.4 MB for qwen3.5-4b, 6.6 MB for qwen3.5-122b at
+      output steps gain 0.3-3.4 us and the flush steps lose 6-15 us.  With 4 or 16
+      layers per timed step (``bench_gdn.time_replay``'s ``layers``) the fp8 rows gain
+      0.8-1.6 us per layer step.  The rows (5.4 MB for qwen3.5-4b, 6.6 MB for qwen3.5-122b at
       batch 256) stay at that priority in L2 until the next step rewrites them.
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
