@@ -49,9 +49,10 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
     tiles loaded eagerly).  Large batches (batch * v_heads >= 1024): "staged" -- a
     persistent flush launch (whole-head units folded in 16-row chunks, 2-stage
     pipeline; as many programs as fit at once under its register cap), a prep launch
-    (one program per sequence and k-head) and an output launch of small tiles
-    (16-64 rows, 1-2 warps: many resident programs, each waiting only for the slot
-    index and the ring position before all its loads); verify "staged-dot" (16-row
+    (one program per sequence and k-head) and an output launch of tiles by the copy's
+    format (:data:`_OUT_CFG`: 32 rows of 2 warps for fp32, 128-row tensor-core tiles
+    for fp8 and nvfp4; many resident programs, each waiting only for the slot index
+    and the ring position before all its loads); verify "staged-dot" (16-row
     tiles, 1 warp: every draft's reductions of a tile as one tensor-core product);
     integer-rounding encoders in the flushes; an nvfp4 flush keeps its first pass's
     fp32 rows in a per-program scratch instead of folding twice.  Picked from sweeps on
