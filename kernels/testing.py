@@ -1,8 +1,9 @@
 """Test support: run the kernels in the Triton interpreter where there is no GPU.
 
-``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel, so it must
-be set before the kernel modules are imported; :func:`kernel_device` sets it and
-re-imports any kernel module that was imported earlier in compiled mode.
+``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel, Triton's own
+library included (``tl.cumsum``'s combine function), so it must be set before Triton
+is imported (``tests/conftest.py`` does so for the test suite); :func:`kernel_device`
+sets it and re-imports any kernel module that was imported earlier in compiled mode.
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ _MODULES = ("tl_formats", "tl_common", "tl_dots", "tl_prefetch", "tl_mamba2_fast
             "mamba2_verify", "mamba2_step", "mamba2_spec", "mamba2_backend", "gdn_extra",
             "gdn_device", "gdn_flush", "gdn_step", "gdn_verify", "gdn_decode", "gdn_backend",
             "backend")
-_OTHERS = ("precisionlab.timing",)
-"""Modules outside ``kernels`` with Triton kernels of their own (the timer's clock
-staggering)."""
 
 
 def kernel_device() -> str:
@@ -30,8 +28,7 @@ def kernel_device() -> str:
     if os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"
         pkg = __package__
-        names = [f"{pkg}.{m}" for m in _MODULES] + list(_OTHERS)
-        loaded = [name for name in names if name in sys.modules]
+        loaded = [f"{pkg}.{m}" for m in _MODULES if f"{pkg}.{m}" in sys.modules]
         for name in loaded:
             importlib.reload(sys.modules[name])
     return "cpu"
