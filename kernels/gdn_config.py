@@ -152,7 +152,8 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                     verify_launch="single", flush_licm=False, flush_grid="persistent",
                     flush_pass="recompute", fast_encode=True, concurrent_flush=False,
                     flush_prefetch=0, flush_tma=False, hw_fp8=False,
-                    out_mma=False, out_evict=False, prep_keep=False, flush_ring_ahead=False,
+                    out_mma=False, out_evict=False, prep_keep=False, prep_release=False,
+                    flush_ring_ahead=False,
                     flush_evict=False,
                     read_encode="flush")
     if read_encode is None:
@@ -200,5 +201,6 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if fwhole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=mma, out_evict=not mma, prep_keep=True,
+                prep_release=False,
                 flush_ring_ahead=not fwhole, flush_evict=fread == "fp8-e4m3",
                 read_encode=read_encode)

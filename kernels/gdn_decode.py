@@ -310,6 +310,10 @@ class GDNReplayCache:
       layers per timed step (``bench_gdn.time_replay``'s ``layers``) the fp8 rows gain
       0.8-1.6 us per layer step.  The rows (5.4 MB for qwen3.5-4b, 6.6 MB for qwen3.5-122b at
       batch 256) stay at that priority in L2 until the next step rewrites them.
+    * ``prep_release``: with ``prep_keep``, a flushing row's prep programs put its kept
+      rows back to the normal L2 eviction priority (``applypriority``; compiled
+      launches only), so they do not hold L2 through the flush (the same bits).  Off
+      by default.
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.
@@ -345,7 +349,7 @@ class GDNReplayCache:
         fast_encode: bool | None = None, concurrent_flush: bool | None = None,
         flush_prefetch: int | None = None, flush_tma: bool | None = None,
         hw_fp8: bool | None = None, out_mma: bool | None = None, out_evict: bool | None = None,
-        prep_keep: bool | None = None,
+        prep_keep: bool | None = None, prep_release: bool | None = None,
         flush_ring_ahead: bool | None = None, flush_evict: bool | None = None,
         read_encode: str | None = None,
     ):
@@ -387,6 +391,7 @@ class GDNReplayCache:
                      fast_encode=fast_encode, concurrent_flush=concurrent_flush,
                      flush_prefetch=flush_prefetch, flush_tma=flush_tma, hw_fp8=hw_fp8,
                      out_mma=out_mma, out_evict=out_evict, prep_keep=prep_keep,
+                     prep_release=prep_release,
                      flush_ring_ahead=flush_ring_ahead,
                      flush_evict=flush_evict, read_encode=read_encode,
                      verify_block_v=verify_block_v,
@@ -405,6 +410,7 @@ class GDNReplayCache:
             cfg["out_mma"] = bool(out_mma)
             cfg["out_evict"] = bool(out_evict)
             cfg["prep_keep"] = bool(prep_keep)
+            cfg["prep_release"] = bool(prep_release)
             cfg["flush_tma"] = bool(flush_tma)
         if ((cfg["launch"] != "fused" or drafts) and block_v is None
                 and "nvfp4" in (checkpoint, read)):
@@ -428,6 +434,7 @@ class GDNReplayCache:
         self.out_mma = bool(cfg["out_mma"])
         self.out_evict = bool(cfg["out_evict"])
         self.prep_keep = bool(cfg["prep_keep"])
+        self.prep_release = bool(cfg["prep_release"])
         self.flush_ring_ahead = bool(cfg["flush_ring_ahead"])
         self.flush_evict = bool(cfg["flush_evict"])
         self.read_encode = cfg["read_encode"]
@@ -445,7 +452,7 @@ class GDNReplayCache:
                              f"{' or '.join(_MMA_KINDS)}, got launch {self.launch!r}, "
                              f"copy {out_fmt!r}")
         self._mma = _MMA_KINDS[out_fmt] if self.out_mma else 0
-        for name in ("out_evict", "prep_keep"):
+        for name in ("out_evict", "prep_keep", "prep_release"):
             if getattr(self, name) and self.launch != "staged":
                 raise ValueError(f"{name} needs the staged launch, got launch {self.launch!r}")
         if self.flush_tma and (self.launch != "staged" or checkpoint not in DENSE_FORMATS):
@@ -682,6 +689,7 @@ class GDNReplayCache:
             self.ring_kk, self.counters.tickets, pqk, pco, pn, self.HK, self.HV, self.K, self.L,
             self.R, self.RP, self.CW, _pow2_at_least(self.HV // self.HK, 1), self.ring_id,
             self.eager, CONC=concurrent, MMA=self._mma, KEEP=self.prep_keep,
+            RELEASE=self.prep_release and compiled_on(q.device),
             num_warps=self.prep_num_warps,
             maxnreg=self.prep_maxnreg,
         )

@@ -36,6 +36,7 @@ from .tl_common import (
 )
 from .tl_dots import nvfp4_word_order, split_f16, tf32_hi
 from .tl_formats import K_BF16_SR, K_FP16_SR, K_NONE, K_NVFP4
+from .tl_prefetch import l2_demote_lines
 
 
 @triton.jit
@@ -312,7 +313,7 @@ def _prep_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
     RP: tl.constexpr, CW: tl.constexpr, GP: tl.constexpr, RING: tl.constexpr,
     EAGER: tl.constexpr, CONC: tl.constexpr = False, MMA: tl.constexpr = 0,
-    KEEP: tl.constexpr = False,
+    KEEP: tl.constexpr = False, RELEASE: tl.constexpr = False,
 ):
     """Staged launch, first of the output step: one program per (k-head, batch row).
     Reads the slot's clock (and advances it: HK programs per slot), prepares q and k,
@@ -332,7 +333,9 @@ def _prep_kernel(
     as two parts each (rows k hi, k lo, q hi, q lo): MMA 1 (fp8, nvfp4 copies) float16
     :func:`tl_dots.split_f16` parts, MMA 2 (fp32) float32 tf32 heads and remainders;
     MMA 0 their float32 values (q, k).  KEEP: ``pqk``, ``pco`` and ``pn`` are stored with
-    the ``evict_last`` L2 policy."""
+    the ``evict_last`` L2 policy.  RELEASE (compiled only: inline PTX): a flushing row's
+    ``pqk`` and ``pco`` lines, kept by its last output step and dead until its next one,
+    go back to the normal eviction priority, so they do not hold L2 through the flush."""
     hk = tl.program_id(0)
     bidx = tl.program_id(1)
     GRP: tl.constexpr = HV // HK
@@ -387,6 +390,17 @@ def _prep_kernel(
     _store_kept(cb + 2 * RP + 2, beta, mo, KEEP)
     _store_kept(cb + 2 * RP + 3, tl.zeros_like(beta) + kqs, mo, KEEP)
     _store_kept(pn + bidx, tl.where(ok, n, -1), hk == 0, KEEP)
+    if RELEASE:
+        if live & (n == L - 1):
+            if MMA != 0:
+                LINE: tl.constexpr = 64  # float16 elements per 128-byte line
+            else:
+                LINE: tl.constexpr = 32
+            l2_demote_lines(qb + tl.arange(0, K // 16) * LINE)  # the row's 8K bytes
+            l2_demote_lines(cb[:, None] + offs_r[None, :])
+            l2_demote_lines(cb[:, None] + RP + offs_r[None, :])
+            l2_demote_lines(cb + 2 * RP)
+            l2_demote_lines(cb + 2 * RP + 3)
     if not CONC:
         tl.debug_barrier()  # every warp has read the clock: now advance it
         tl.atomic_add(tickets + slot64, 1, mask=live, sem="relaxed")

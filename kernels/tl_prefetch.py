@@ -1,8 +1,10 @@
-"""L2 prefetch hints for compiled kernels (sm_90): data a loop will load a few
+"""L2 hints for compiled kernels (sm_90).  Prefetches: data a loop will load a few
 iterations later is asked for now, without registers or shared memory held and with
 nothing to wait for, so the load finds it in L2 instead of paying a DRAM round trip.
+Demotions: lines stored with the ``evict_last`` policy that no launch will read again
+go back to the normal eviction priority.
 
-A prefetch changes no value.  Kernels call these helpers only under a constexpr (the
+A hint changes no value.  Kernels call these helpers only under a constexpr (the
 flushes' ``PF``, the Mamba-2 output programs' ``PFO``) that the host sets to 0 where
 ``tl_formats.compiled_on`` is false: the Triton interpreter cannot run inline PTX."""
 
@@ -33,6 +35,17 @@ def l2_prefetch_lines(ptrs):
     of the tensor ``ptrs`` (any alignment)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
                               dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def l2_demote_lines(ptrs):
+    """``applypriority.global.L2::evict_normal`` on the 128-byte cache line of every
+    pointer of the tensor ``ptrs`` (any alignment): lines kept with ``evict_last`` that
+    no launch will read again may leave L2 like any other line."""
+    tl.inline_asm_elementwise(
+        "{ .reg .b64 a; and.b64 a, $1, -128; "
+        "applypriority.global.L2::evict_normal [a], 128; mov.u32 $0, 0; }",
+        "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -223,3 +223,25 @@ def test_sass_count_compiles_the_mamba2_batch1_kernel(tmp_path: Path) -> None:
         "batch1 replay-fp32", "batch1 fp8", "batch1 nvfp4"]
     assert all(row["kernel"] == "mamba2_kernel" and row["sass"] > 1000 and row["regs"] > 0
                for row in rows)
+
+
+def test_prep_release_compiles_to_l2_demotions(tmp_path: Path) -> None:
+    """The GDN prep launch with ``prep_release``, compiled offline for sm_90: a flushing
+    row's kept lines get L2 demotions (``CCTL.E.DML2``, from ``applypriority``); without
+    it there are none."""
+    code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import sass_count_gdn as S
+from sass_count import compile_call, sass_of
+for rel in (False, True):
+    for fn, args, kw in S.step_calls("qwen3.5-4b", "fp32", "fp8-e4m3", {"prep_release": rel}):
+        if S._name(fn) == "_prep_kernel":
+            print(rel, sass_of(compile_call(fn, args, {**kw, "RELEASE": rel})).count("DML2"))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    counts = dict(line.split() for line in r.stdout.split("\n") if line)
+    assert counts["False"] == "0" and int(counts["True"]) >= 5, r.stdout

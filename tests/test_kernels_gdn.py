@@ -832,14 +832,16 @@ def test_hw_fp8_encoder_changes_no_bit() -> None:
     assert_runs_same_bits(res)
 
 
-@pytest.mark.parametrize("option", ["out_evict", "prep_keep"])
+@pytest.mark.parametrize("option", ["out_evict", "prep_keep", "prep_release"])
 @pytest.mark.parametrize("read", ["fp8-e4m3", "nvfp4", None])
 def test_l2_policies_change_no_bit(option: str, read: str | None) -> None:
     """The staged output launch's tiles streamed with the evict-first L2 policy
-    (``out_evict``), or the prep launch's rows stored evict-last (``prep_keep``), give
-    the same outputs and stored copies.  The interpreter ignores the policies, so there
-    each option runs with one copy (its wiring; compiled, every copy)."""
-    if DEVICE == "cpu" and read != {"out_evict": None, "prep_keep": "fp8-e4m3"}[option]:
+    (``out_evict``), the prep launch's rows stored evict-last (``prep_keep``), or put
+    back to the normal priority where a row flushes (``prep_release``), give the same
+    outputs and stored copies.  The interpreter ignores the policies, so there each
+    option runs with one copy (its wiring; compiled, every copy)."""
+    one = {"out_evict": None, "prep_keep": "fp8-e4m3", "prep_release": "fp8-e4m3"}
+    if DEVICE == "cpu" and read != one[option]:
         pytest.skip("one copy per option under the interpreter")
     B, L = 3, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=4)
@@ -857,7 +859,7 @@ def test_l2_policies_change_no_bit(option: str, read: str | None) -> None:
     assert_runs_same_bits(res)
 
 
-@pytest.mark.parametrize("option", ["out_evict", "prep_keep"])
+@pytest.mark.parametrize("option", ["out_evict", "prep_keep", "prep_release"])
 def test_l2_policies_reject_other_launches(option: str) -> None:
     with pytest.raises(ValueError, match=f"{option} needs the staged launch"):
         GDNReplayCache(1, HK, HV, K, V, window=2, device=DEV, launch="fused", **{option: True})
