@@ -603,7 +603,8 @@ def test_gdn_bench_times_layers(monkeypatch) -> None:
 
     monkeypatch.setattr(gdn_decode, "conventional_step", recorded)
     bg.conventional_graph(s, clock, {"block_v": 16, "num_warps": 1}, layers=2)
-    assert len(stores) == 2 and len(set(stores)) == 2
+    # (a compiled graph is warmed before its capture: each layer in turn, twice)
+    assert len(set(stores)) == 2 and stores == stores[:2] * (len(stores) // 2)
 
 
 @pytest.mark.parametrize("grid", ["persistent", "dynamic", "units"])
