@@ -443,7 +443,7 @@ def bench(
     rounds: Annotated[int | None, typer.Option(
         help="Rounds of --paired (default 60).")] = None,
     layers: Annotated[int, typer.Option(
-        help="--paired, GDN: layers each timed step runs in turn, ours and the peer's, "
+        help="--paired: layers each timed step runs in turn, ours and the peer's, "
              "each with its own state (times per layer).")] = 1,
     mamba_ssm_path: Annotated[Path | None, typer.Option(
         help="A state-spaces/mamba checkout: the Mamba-2 peer (else the installed "

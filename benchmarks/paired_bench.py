@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: all)")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--layers", type=int, default=1,
-                    help="GDN: layers each timed graph (the peer's too) runs in turn, each "
+                    help="layers each timed graph (the peer's too) runs in turn, each "
                          "with its own state; times per layer")
     ap.add_argument("--mamba-ssm-path", default=None,
                     help="a state-spaces/mamba checkout (Mamba-2 peer)")

@@ -15,7 +15,7 @@ see the run's noise.
         --design replay-fp32 --config "" --config "num_warps=4"
 
 ``--launch fused`` (Mamba-2) times the one-launch kernel of small batches instead of
-the split launch; its configurations take ``num_warps`` only.  ``--layers N`` (GDN)
+the split launch; its configurations take ``num_warps`` only.  ``--layers N``
 times steps that run N layers of the design in turn, each with its own cache, so a
 layer's L2 policies meet the other layers' traffic, as in a model's decode step; the
 times are per layer:
@@ -101,7 +101,7 @@ FUSED_FIELDS = ("num_warps",)
 def time_configs(model: str, design: str, configs: list[dict], batch: int, window: int,
                  rounds: int, log=print, launch: str = "split", layers: int = 1) -> list[dict]:
     """Output-step mean, flush and window mean (us) of each configuration (Mamba-2:
-    of the ``launch`` it names; GDN: per layer of ``layers`` stepped in turn)."""
+    of the ``launch`` it names), per layer of ``layers`` stepped in turn."""
     from precisionlab.presets import get_preset
     from precisionlab.studies.bench_mamba2 import _Problem, _Runner
 
@@ -114,7 +114,7 @@ def time_configs(model: str, design: str, configs: list[dict], batch: int, windo
     from precisionlab.timing import ColdL2Timer
 
     device = torch.device("cuda")
-    runner = _Runner(ColdL2Timer(device), rounds, log)
+    runner = _Runner(ColdL2Timer(device), rounds, log, layers)
     prob = _Problem(model, batch, device)
     ck, rd = DESIGNS[design]
     rows = []
@@ -135,15 +135,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="Mamba-2: the split launch or the one-launch kernel of small "
                     "batches (field " + ", ".join(FUSED_FIELDS) + ")")
     ap.add_argument("--layers", type=int, default=1,
-                    help="GDN: layers of the design that each timed step runs in turn, each "
+                    help="layers of the design that each timed step runs in turn, each "
                     "with its own cache (as a model's decode step; times per layer)")
     add_window_args(ap)
     args = ap.parse_args(argv)
     preset = checked_preset(ap, args, ("mamba2", "gdn"))
     if args.layers < 1:
         ap.error("--layers must be >= 1")
-    if args.layers > 1 and preset.kind != "gdn":
-        ap.error("--layers is for GDN models")
     if args.launch == "fused" and preset.kind == "gdn":
         ap.error("--launch fused is for Mamba-2 models")
     ck, rd = DESIGNS[args.design]

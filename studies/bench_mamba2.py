@@ -296,14 +296,34 @@ def _result(times: list[float], nbytes: list[float], flush_last: bool, copy: flo
     return r
 
 
-class _Runner:
-    """Builds and times one kernel at one (model, batch, window) point."""
+def layer_count(layers: object) -> int:
+    """``layers`` checked: an integer >= 1, else one ``ValueError``."""
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"layers must be an integer >= 1, got {layers!r}")
+    return layers
 
-    def __init__(self, timer, rounds: int, log: Callable[[str], None]):
+
+def _in_turn(fns: list[Callable[[], object]]) -> Callable[[], None]:
+    """One step of every layer, in the same order each time."""
+    def step() -> None:
+        for fn in fns:
+            fn()
+    return step
+
+
+class _Runner:
+    """Builds and times one kernel at one (model, batch, window) point.  ``layers``:
+    every captured step (conventional, peer, replay design) runs that many layers in
+    turn, each with its own state, cache and inputs, as a model's decode step does;
+    the times it returns are per layer (a graph's own replays time all of them)."""
+
+    def __init__(self, timer, rounds: int, log: Callable[[str], None], layers: int = 1):
         self.timer, self.rounds, self.log = timer, rounds, log
+        self.layers = layer_count(layers)
 
     def conventional(self, prob: _Problem, cfg, fmt: str = "fp32") -> list[float]:
-        return [self.timer.median(self.conventional_graph(prob, cfg, fmt), 4 * self.rounds)]
+        g = self.conventional_graph(prob, cfg, fmt)
+        return [self.timer.median(g, 4 * self.rounds) / self.layers]
 
     def conventional_graph(self, prob: _Problem, cfg, fmt: str = "fp32"):
         """The captured conventional step (``cfg``: (block_p, num_warps))."""
@@ -311,36 +331,44 @@ class _Runner:
         from precisionlab.kernels.state import StateStore
         from precisionlab.timing import capture
 
-        store = StateStore.encode(prob.state(), fmt)
-        inp = prob.step_inputs()
         head = HeadParams(prob.A, prob.D, prob.dt_bias)
-        out = torch.empty_like(inp["x"])
-        return capture(lambda: mamba2_conventional_step(
-            store, inp["x"], inp["dt"], inp["B"], inp["C"], head, z=inp["z"],
-            dt_softplus=True, out=out, block_p=cfg[0], num_warps=cfg[1]))
+
+        def layer():
+            store = StateStore.encode(prob.state(), fmt)
+            inp = prob.step_inputs()
+            out = torch.empty_like(inp["x"])
+            return lambda: mamba2_conventional_step(
+                store, inp["x"], inp["dt"], inp["B"], inp["C"], head, z=inp["z"],
+                dt_softplus=True, out=out, block_p=cfg[0], num_warps=cfg[1])
+
+        return capture(_in_turn([layer() for _ in range(self.layers)]))
 
     def peer(self, prob: _Problem, ssu: Callable) -> list[float]:
-        return [self.timer.median(self.peer_graph(prob, ssu), 4 * self.rounds)]
+        return [self.timer.median(self.peer_graph(prob, ssu), 4 * self.rounds) / self.layers]
 
     def peer_graph(self, prob: _Problem, ssu: Callable):
         """The captured step of the peer's ``selective_state_update``."""
         from precisionlab.timing import capture
 
-        state = prob.state()
-        inp = prob.step_inputs()
         H, P, N = prob.H, prob.P, prob.N
         A = prob.A[:, None, None].expand(H, P, N)
         D = prob.D[:, None].expand(H, P)
         dtb = prob.dt_bias[:, None].expand(H, P)
-        dt = inp["dt"][..., None].expand(prob.batch, H, P)
         idx = torch.arange(prob.batch, dtype=torch.int32, device=prob.device)
-        return capture(lambda: ssu(state, inp["x"], dt, A, inp["B"], inp["C"], D=D, z=inp["z"],
-                                   dt_bias=dtb, dt_softplus=True, state_batch_indices=idx))
+
+        def layer():
+            state = prob.state()
+            inp = prob.step_inputs()
+            dt = inp["dt"][..., None].expand(prob.batch, H, P)
+            return lambda: ssu(state, inp["x"], dt, A, inp["B"], inp["C"], D=D, z=inp["z"],
+                               dt_bias=dtb, dt_softplus=True, state_batch_indices=idx)
+
+        return capture(_in_turn([layer() for _ in range(self.layers)]))
 
     def replay(self, prob: _Problem, ck: str, rd: str | None, L: int, cfg,
                compile_only: bool = False) -> list[float]:
         g = self.replay_graph(prob, ck, rd, L, cfg, compile_only)
-        return [] if g is None else self.timer.cycle(g, L, self.rounds)
+        return [] if g is None else [t / self.layers for t in self.timer.cycle(g, L, self.rounds)]
 
     def replay_graph(self, prob: _Problem, ck: str, rd: str | None, L: int, cfg,
                      compile_only: bool = False):
@@ -360,32 +388,37 @@ class _Runner:
         phases = cfg.get("phases", "aligned")
         split_cfg = SplitConfig(**{k: v for k, v in cfg.items()
                                    if k not in ("launch", "phases", "rows_per_program")})
-        cache = Mamba2Cache.allocate(prob.batch, prob.H, prob.P, prob.N, prob.G,
-                                     checkpoint_format=ck, read_format=rd, window=L,
-                                     device=prob.device, seed=1, launch=launch,
-                                     split_config=split_cfg,
-                                     rows_per_program=cfg.get("rows_per_program"))
-        cache.load_state(prob.state())
-        inp = prob.step_inputs()
         head = HeadParams(prob.A, prob.D, prob.dt_bias)
-        out = torch.empty_like(inp["x"])
-        bp = cfg.get("block_p") if cache.launch == "fused" else None
-        nw = cfg.get("num_warps") if cache.launch == "fused" else None
+        caches = []
 
-        def fn():
-            return mamba2_step(cache, inp["x"], inp["dt"], inp["B"], inp["C"], head,
-                               z=inp["z"], dt_softplus=True, out=out, block_p=bp, num_warps=nw)
+        def layer():
+            cache = Mamba2Cache.allocate(prob.batch, prob.H, prob.P, prob.N, prob.G,
+                                         checkpoint_format=ck, read_format=rd, window=L,
+                                         device=prob.device, seed=1, launch=launch,
+                                         split_config=split_cfg,
+                                         rows_per_program=cfg.get("rows_per_program"))
+            cache.load_state(prob.state())
+            caches.append(cache)
+            inp = prob.step_inputs()
+            out = torch.empty_like(inp["x"])
+            bp = cfg.get("block_p") if cache.launch == "fused" else None
+            nw = cfg.get("num_warps") if cache.launch == "fused" else None
+            return lambda: mamba2_step(cache, inp["x"], inp["dt"], inp["B"], inp["C"], head,
+                                       z=inp["z"], dt_softplus=True, out=out, block_p=bp,
+                                       num_warps=nw)
 
+        fn = _in_turn([layer() for _ in range(self.layers if not compile_only else 1)])
         if compile_only:  # both branches (output steps, flush) compile on first use
             for _ in range(L):
                 fn()
             torch.cuda.synchronize()
             return None
         g = capture(fn)
-        for t in (cache.ring_len, cache.steps, cache.tickets):
-            t.zero_()
-        if phases == "staggered" and cache.launch == "split":  # the clock counts steps
-            stagger_clocks(cache.tickets[:prob.batch], L, 1)
+        for cache in caches:
+            for t in (cache.ring_len, cache.steps, cache.tickets):
+                t.zero_()
+            if phases == "staggered" and cache.launch == "split":  # the clock counts steps
+                stagger_clocks(cache.tickets[:prob.batch], L, 1)
         self.timer.replays(g, L)  # one untimed window; back at ring position 0
         return g
 
@@ -394,6 +427,9 @@ class _Runner:
         from precisionlab.kernels.mamba2_spec import mamba2_commit, mamba2_verify
         from precisionlab.kernels.mamba2_step import HeadParams, Mamba2Cache
         from precisionlab.timing import capture
+
+        if self.layers > 1:
+            raise ValueError("the speculative verify is timed one layer at a time")
 
         cache = Mamba2Cache.allocate(prob.batch, prob.H, prob.P, prob.N, prob.G, window=L,
                                      device=prob.device, speculative=True)

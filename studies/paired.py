@@ -58,13 +58,12 @@ def check_paired(model: str, kernels: Sequence[str] | None, batch: int, window: 
         raise PairedError("batch must be >= 1, window >= 2 and rounds >= 2")
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise PairedError(f"layers must be an integer >= 1, got {layers!r}")
-    if layers > 1 and kind != "gdn":
-        raise PairedError("layers > 1 is timed for GDN models only")
     return kind, list(dict.fromkeys(kernels))
 
 
 def _mamba2_graphs(model: str, batch: int, window: int, kernels: Sequence[str],
-                   mamba_ssm_path: str | Path | None, dev: torch.device, timer) -> dict:
+                   mamba_ssm_path: str | Path | None, dev: torch.device, timer,
+                   layers: int = 1) -> dict:
     from precisionlab.studies.bench_mamba2 import (
         CANDIDATES,
         _Problem,
@@ -77,7 +76,7 @@ def _mamba2_graphs(model: str, batch: int, window: int, kernels: Sequence[str],
         ssu = load_mamba_ssm(mamba_ssm_path or "")
     except (ImportError, FileNotFoundError, OSError) as e:
         raise PairedError(f"mamba_ssm is needed as the peer ({e}); pass its checkout") from None
-    runner = _Runner(timer, 1, lambda _: None)  # (it replays each window once, untimed)
+    runner = _Runner(timer, 1, lambda _: None, layers)  # (replays each window once, untimed)
     prob = _Problem(model, batch, dev)
     cfgs = {k: CANDIDATES[k][0] for k in kernels if k in CANDIDATES}
     return {k: runner.graph(k, prob, window, config_at(k, batch, prob.H, cfgs), ssu)
@@ -123,7 +122,7 @@ def paired_bench(model: str, *, batch: int = 1, window: int = 16,
     or the installed package) or fla's ``fused_recurrent_gated_delta_rule`` (GDN).
     Kernels run as the block benchmarks run them untuned: Mamba-2 with each design's
     first candidate (the library's own defaults at small batches), GDN with the
-    library's defaults.  ``layers`` (GDN): every graph, the peer's included, runs that
+    library's defaults.  ``layers``: every graph, the peer's included, runs that
     many layers in turn, each with its own state and inputs, as a model's decode step
     does; ``us_step`` is then per layer."""
     import triton
@@ -136,7 +135,7 @@ def paired_bench(model: str, *, batch: int = 1, window: int = 16,
         raise PairedError("paired timing needs a CUDA GPU")
     peer = PEERS[kind]
     timer = ColdL2Timer(dev)
-    graphs = (_mamba2_graphs(model, batch, window, kernels, mamba_ssm_path, dev, timer)
+    graphs = (_mamba2_graphs(model, batch, window, kernels, mamba_ssm_path, dev, timer, layers)
               if kind == "mamba2" else _gdn_graphs(model, batch, window, kernels, dev, layers))
     timer.interleaved(graphs, 1)  # one untimed round: every window back at position 0
     means = {k: [m / layers for m in v] for k, v in timer.interleaved(graphs, rounds).items()}

@@ -95,11 +95,11 @@ def test_check_paired_defaults_and_errors() -> None:
     with pytest.raises(PairedError, match="rounds >= 2"):
         check_paired("nemotron-3-nano-4b", None, 1, 16, 1)
     assert check_paired("qwen3.5-4b", None, 256, 16, 2, 8)[0] == "gdn"
-    with pytest.raises(PairedError, match="GDN models only"):
-        check_paired("nemotron-3-nano-4b", None, 1, 16, 2, 2)
-    for bad in (0, True, 2.0):
-        with pytest.raises(PairedError, match="layers must be an integer >= 1"):
-            check_paired("qwen3.5-4b", None, 1, 16, 2, bad)
+    assert check_paired("nemotron-3-nano-4b", None, 256, 16, 2, 8)[0] == "mamba2"
+    for model in ("qwen3.5-4b", "nemotron-3-nano-4b"):
+        for bad in (0, True, 2.0):
+            with pytest.raises(PairedError, match="layers must be an integer >= 1"):
+                check_paired(model, None, 1, 16, 2, bad)
 
 
 def test_gdn_graphs_pass_the_layers_to_every_graph(monkeypatch) -> None:
@@ -119,6 +119,45 @@ def test_gdn_graphs_pass_the_layers_to_every_graph(monkeypatch) -> None:
                                 torch.device("cpu"), layers=3)
     assert seen == {"fla": 3, "conv": 3, "fp32fp8-e4m3": 3}
     assert [g[1] for g in graphs.values()] == [1, 1, 4]  # periods: one step, a window
+
+
+def test_mamba2_runner_steps_every_layer_in_turn(monkeypatch) -> None:
+    """``_Runner(layers=N)``: the captured step of a replay design, the conventional
+    step and the peer runs N layers, each with its own cache or state, in the same
+    order every time; the times are per layer."""
+    from precisionlab import timing
+    from precisionlab.kernels import mamba2_step as m2
+    from precisionlab.studies.bench_mamba2 import _Problem, _Runner
+
+    calls = []
+    monkeypatch.setattr(timing, "capture", lambda fn, warmup=1: (fn(), fn)[1])
+    monkeypatch.setattr(m2, "mamba2_step", lambda c, *a, **kw: calls.append(id(c)))
+    monkeypatch.setattr(m2, "mamba2_conventional_step", lambda s, *a, **kw: calls.append(id(s)))
+
+    class Timer:
+        def median(self, g, n):
+            g()
+            return 6.0
+
+        def cycle(self, g, period, rounds):
+            return [6.0] * period
+
+        def replays(self, g, n):
+            g()
+
+    prob = _Problem("nemotron-3-nano-4b", 2, torch.device("cpu"))
+    runner = _Runner(Timer(), 1, print, layers=3)
+    for timed in (lambda: runner.replay(prob, "fp32", "fp8-e4m3", 4, None),
+                  lambda: runner.conventional(prob, (16, 1)),
+                  lambda: runner.peer(prob, lambda state, *a, **kw: calls.append(id(state)))):
+        calls.clear()
+        assert timed() in ([2.0] * 4, [2.0])
+        assert len(set(calls)) == 3 and calls == calls[:3] * (len(calls) // 3)
+    with pytest.raises(ValueError, match="one layer at a time"):
+        runner.verify(prob, 4, 2, (16, 1))
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="layers must be an integer >= 1"):
+            _Runner(Timer(), 1, print, layers=bad)
 
 
 def test_the_script_without_a_gpu_exits_2_and_writes_nothing(tmp_path) -> None:
