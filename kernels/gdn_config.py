@@ -201,6 +201,6 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
                 flush_pass="scratch", fast_encode=True, concurrent_flush=True,
                 flush_prefetch=0 if fwhole else 1, flush_tma=tma,
                 hw_fp8=read == "fp8-e4m3", out_mma=mma, out_evict=not mma, prep_keep=True,
-                prep_release=False,
+                prep_release=True,
                 flush_ring_ahead=not fwhole, flush_evict=fread == "fp8-e4m3",
                 read_encode=read_encode)

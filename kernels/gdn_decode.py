@@ -312,8 +312,12 @@ class GDNReplayCache:
       batch 256) stay at that priority in L2 until the next step rewrites them.
     * ``prep_release``: with ``prep_keep``, a flushing row's prep programs put its kept
       rows back to the normal L2 eviction priority (``applypriority``; compiled
-      launches only), so they do not hold L2 through the flush (the same bits).  Off
-      by default.
+      launches only), so they do not hold L2 through the flush (the same bits).  On by
+      default in the staged launch.  Timed (H200, batch 256, L = 16, us per step,
+      three alternating pairs): qwen3.5-4b replay fp32 167.3-167.8 against
+      168.6-170.9 (flush 365-369 against 374-377), fp16-sr + nvfp4 98.9-99.4 against
+      99.6-100.4, fp32 + fp8 88.4-89.9 against 89.2-90.4; qwen3.5-122b fp32 + fp8
+      155.6-156.2 against 155.7-156.3 (level; flush 866-868 against 872-874).
     * ``fast_encode``: the flush's encoders by integer rounding (default; the same
       bits as the reference encoders of ``tl_formats``, which ``False`` selects), in
       the flush launch and in the fused launch's own flushes.

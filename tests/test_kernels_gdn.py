@@ -385,6 +385,7 @@ def test_large_batch_launch(design) -> None:
     assert cache.out_mma == (design.read_format in ("fp8-e4m3", "nvfp4"))
     assert cache.out_evict == (not cache.out_mma)  # plain tile loads stream evict-first
     assert cache.prep_keep  # the prep launch's rows stored evict-last
+    assert cache.prep_release  # and a flushing row's put back to the normal priority
     check_replay(design, 2 * design.window + 1, batch_hint=256)
 
 
