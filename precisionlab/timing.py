@@ -25,6 +25,14 @@ import triton.language as tl
 FLUSH_BYTES = 256 << 20
 
 
+def layer_count(layers: object, error: type[Exception] = ValueError) -> int:
+    """The layers a timed step runs in turn, checked: an integer >= 1, else one
+    ``error`` (the caller's usage error)."""
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise error(f"layers must be an integer >= 1, got {layers!r}")
+    return layers
+
+
 @dataclass
 class GraphStep:
     """A captured CUDA graph of ``fn`` (warmed up once before capture)."""

@@ -32,7 +32,7 @@ import torch
 import xarray as xr
 
 from precisionlab.presets import get_preset
-from precisionlab.timing import PHASES
+from precisionlab.timing import PHASES, layer_count
 
 VARIANTS = ("conventional", "fla", "replay-fp32", "split-fp32-fp8", "split-fp16sr-nvfp4",
             "verify-T4")
@@ -211,7 +211,7 @@ def conventional_graph(s: Shape, clock: Clock, cfg: dict | None = None, layers: 
     cfg = cfg or {}
     idx = torch.arange(s.batch, dtype=torch.int32, device=clock.device)
     runs = []
-    for layer in range(_layer_count(layers)):
+    for layer in range(layer_count(layers, BenchError)):
         x = _inputs(s, clock.device, seed=layer)
         store = StateStore.encode(_state0(s, clock.device, seed=1 + layer), "fp32")
         out = torch.empty(s.batch, s.HV, s.V, device=clock.device)
@@ -246,7 +246,7 @@ def fla_graph(s: Shape, clock: Clock, layers: int = 1):
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
     runs = []
-    for layer in range(_layer_count(layers)):
+    for layer in range(layer_count(layers, BenchError)):
         x = _inputs(s, clock.device, seed=layer)
         h0 = (0.1 * torch.randn(s.batch, s.HV, s.K, s.V, device=clock.device))
         runs.append((x, h0))
@@ -277,16 +277,9 @@ def time_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
     one after another, each with its own cache and inputs, as a model's decode step
     does, so each layer's launches see the others' traffic in L2; the times are the
     step's divided by the layers."""
-    layers = _layer_count((cfg or {}).get("layers", 1))
+    layers = layer_count((cfg or {}).get("layers", 1), BenchError)
     times = clock.cycle(replay_graph(s, clock, ckpt, read, L, cfg), L, rounds)
     return [t / layers for t in times]
-
-
-def _layer_count(layers: object) -> int:
-    """``layers`` checked: an integer >= 1, else one :class:`BenchError`."""
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise BenchError(f"layers must be an integer >= 1, got {layers!r}")
-    return layers
 
 
 def replay_graph(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
@@ -300,7 +293,7 @@ def replay_graph(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int,
     phases = cfg.pop("phases", "aligned")
     if phases not in PHASES:
         raise BenchError(f"phases must be one of {', '.join(PHASES)}, got {phases!r}")
-    layers = _layer_count(cfg.pop("layers", 1))
+    layers = layer_count(cfg.pop("layers", 1), BenchError)
     dev = clock.device
     idx = torch.arange(s.batch, dtype=torch.int32, device=dev)
     steps = []

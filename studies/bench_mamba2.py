@@ -296,13 +296,6 @@ def _result(times: list[float], nbytes: list[float], flush_last: bool, copy: flo
     return r
 
 
-def layer_count(layers: object) -> int:
-    """``layers`` checked: an integer >= 1, else one ``ValueError``."""
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ValueError(f"layers must be an integer >= 1, got {layers!r}")
-    return layers
-
-
 def _in_turn(fns: list[Callable[[], object]]) -> Callable[[], None]:
     """One step of every layer, in the same order each time."""
     def step() -> None:
@@ -319,6 +312,8 @@ class _Runner:
 
     def __init__(self, timer, rounds: int, log: Callable[[str], None], layers: int = 1):
         self.timer, self.rounds, self.log = timer, rounds, log
+        from precisionlab.timing import layer_count
+
         self.layers = layer_count(layers)
 
     def conventional(self, prob: _Problem, cfg, fmt: str = "fp32") -> list[float]:

@@ -56,6 +56,7 @@ def check_paired(model: str, kernels: Sequence[str] | None, batch: int, window: 
                           f"{', '.join(KERNELS[kind])}")
     if batch < 1 or window < 2 or rounds < 2:
         raise PairedError("batch must be >= 1, window >= 2 and rounds >= 2")
+    # timing.layer_count's check, written out so a usage error imports no Triton
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise PairedError(f"layers must be an integer >= 1, got {layers!r}")
     return kind, list(dict.fromkeys(kernels))
