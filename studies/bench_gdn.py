@@ -533,8 +533,10 @@ def _kinfo(h) -> dict:
 def diag_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int, cfg: dict,
                 pos: int) -> dict:
     """Per-launch times of a staged replay step at ring position ``pos`` (tuning aid):
-    the flush launch where nothing flushes, the prep launch, the output launch, and
-    the whole step (mean over the window), with each kernel's registers and spills."""
+    the flush launch where nothing flushes, the prep launch, the output launch, the two
+    back to back as the step runs them (``us_prep_out``: less ``us_out``, what the prep
+    launch adds to an output step's path), and the whole step (mean over the window),
+    with each kernel's registers and spills."""
     from precisionlab.kernels.gdn_decode import GDNReplayCache
 
     x = _inputs(s, clock.device)
@@ -560,6 +562,10 @@ def diag_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int, cfg
         cache._prep_launch(q, k, a, b, A_log, dt_bias, idx)
         go = clock.graph(lambda: cache._out_launch(v, idx, out))
         row["us_out"] = clock.median(go)
+        # the concurrent step's prep launch leaves the clocks alone: every replay is at pos
+        gpo = clock.graph(lambda: cache._staged(q, k, v, a, b, A_log, dt_bias, idx, out,
+                                                concurrent=True))
+        row["us_prep_out"] = clock.median(gpo)
     cache.counters.tickets.fill_(0)
     g = clock.graph(lambda: cache.step(*args, idx, out=out))
     cache.counters.reset()

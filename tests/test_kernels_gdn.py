@@ -608,6 +608,23 @@ def test_gdn_bench_times_layers(monkeypatch) -> None:
     assert len(set(stores)) == 2 and stores == stores[:2] * (len(stores) // 2)
 
 
+def test_gdn_diag_times_each_launch() -> None:
+    """The per-launch diagnosis of a staged step times the empty flush launch, the prep
+    and output launches apart and back to back, and the step; the fused launch has no
+    prep or output launch to time apart."""
+    from precisionlab.studies import bench_gdn as bg
+
+    s = bg.Shape("tiny", 3, HK, HV, K, V)
+    clock = bg.Clock(DEV, reps=1)
+    cfg = {"launch": "staged", "block_v": 16, "out_block_v": 16}
+    row = bg.diag_replay(s, clock, "fp32", None, 4, cfg, 2)
+    for key in ("us_flush_noop", "us_prep", "us_out", "us_prep_out", "us_step_output",
+                "us_step_flush"):
+        assert row[key] > 0, key
+    fused = bg.diag_replay(s, clock, "fp32", None, 4, {"launch": "fused", "block_v": 16}, 2)
+    assert "us_prep_out" not in fused and fused["us_step_output"] > 0
+
+
 @pytest.mark.parametrize("grid", ["persistent", "dynamic", "units"])
 def test_staged_flush_after_prep_equals_before(grid) -> None:
     """On a GPU the staged step's flush launch runs on its own stream, so it may run
