@@ -162,8 +162,7 @@ def _fused_out_kernel(
                     tl.atomic_add(fl, -1, sem="relaxed", scope="gpu")
 
 
-def fused_launch(cache, q, k, v, a, b, A_log, dt_bias, idx, out, flags, D=4, spin=True,
-                 maxnreg=None):
+def fused_launch(cache, q, k, v, a, b, A_log, dt_bias, idx, out, flags, D=4, spin=True):
     B = q.shape[0]
     pqk, pco, pn = cache._scratch
     if cache._mma == 1:
@@ -177,7 +176,7 @@ def fused_launch(cache, q, k, v, a, b, A_log, dt_bias, idx, out, flags, D=4, spi
         cache.counters.tickets, flags, v, idx, out, *r.kernel_args(), cache.ring_v,
         cache.ring_d, pqk, pco, B, cache.HK, cache.HV, cache.K, cache.V, bv, tpp,
         cache.out_stages, cache.L, cache.R, cache.RP, cache.CW, GP, r.fmt_id, cache.ring_id,
-        cache._mma, cache.out_evict, D, spin, num_warps=cache.out_num_warps, maxnreg=maxnreg)
+        cache._mma, cache.out_evict, D, spin, num_warps=cache.out_num_warps)
 
 
 def run_check(dev, HK, HV, K, V, B, L, ck, rd, pos, D, cfg):
@@ -233,7 +232,7 @@ def check() -> int:
 
 
 def time_trial(out_path: str, depths: list[int], positions: list[int], designs: list[str],
-               nospin: bool, plus_launch: bool, maxnreg: int | None = None) -> int:
+               nospin: bool, plus_launch: bool) -> int:
     from precisionlab.kernels.clocks import advance_clocks_kernel
     from precisionlab.studies.bench_gdn import Clock, _inputs, _state0, shape_of
     from precisionlab.timing import capture
@@ -261,9 +260,6 @@ def time_trial(out_path: str, depths: list[int], positions: list[int], designs: 
         for D in depths:
             graphs[f"fused_D{D}"] = capture(lambda D=D: fused_launch(
                 cache, q, k, v, a, b, A, dt, idx, out, flags, D=D))
-            if maxnreg:
-                graphs[f"fused_D{D}_r{maxnreg}"] = capture(lambda D=D: fused_launch(
-                    cache, q, k, v, a, b, A, dt, idx, out, flags, D=D, maxnreg=maxnreg))
         if nospin:
             graphs[f"fused_D{depths[0]}_nospin"] = capture(lambda: fused_launch(
                 cache, q, k, v, a, b, A, dt, idx, out, flags, D=depths[0], spin=False))
@@ -308,12 +304,10 @@ def main() -> int:
         "qwen3.5-122b:fp32:none", "qwen3.5-4b:fp16-sr:nvfp4"])
     ap.add_argument("--nospin", action="store_true")
     ap.add_argument("--plus-launch", action="store_true")
-    ap.add_argument("--maxnreg", type=int, default=None)
     a = ap.parse_args()
     if a.what == "check":
         return check()
-    return time_trial(a.out, a.depths, a.positions, a.designs, a.nospin, a.plus_launch,
-                      a.maxnreg)
+    return time_trial(a.out, a.depths, a.positions, a.designs, a.nospin, a.plus_launch)
 
 
 if __name__ == "__main__":
