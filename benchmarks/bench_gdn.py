@@ -21,6 +21,11 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the package from this checkout, installed or not
+    sys.path.insert(0, str(ROOT))
 
 # Launch configurations (keywords of kernels.gdn_decode.GDNReplayCache).  Batch 1: one
 # fused launch per step (16-row programs; an nvfp4 copy's flush needs whole matrices:
@@ -427,6 +432,8 @@ def main() -> None:
     bad = [v for v in args.sweep_variants or () if v not in LARGE]
     if bad:
         ap.error(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(LARGE)}")
+    if "diag" in phases and args.device != "cuda":
+        ap.error("--phase diag times launches on a CUDA GPU (--device cuda)")
     if args.device == "cuda" and not _has_cuda():
         ap.error("no CUDA GPU here: the GDN kernel benchmark needs one (--device cuda)")
     os.makedirs(args.out, exist_ok=True)

@@ -85,6 +85,8 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("paired_bench.py", ["--layers", "0"], "layers must be an integer >= 1"),
     ("paired_bench.py", ["--out", "no/such/dir/x.json"], "no directory for --out"),
     ("paired_bench.py", ["--nc", "x.csv"], "--nc takes a .nc or .zarr path"),
+    ("bench_gdn.py", ["--phase", "warm,diagnose"], "unknown phase(s) diagnose"),
+    ("bench_gdn.py", ["--phase", "diag", "--device", "cpu"], "--phase diag times launches"),
     ("probe_nvfp4_encode.py", [], "--out is required unless --check-only"),
     ("probe_nvfp4_encode.py", ["--sources", "fp8"], "invalid choice"),
     ("probe_nvfp4_encode.py", ["--out", "no/such/dir/x.json"], "no directory"),
