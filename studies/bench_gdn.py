@@ -563,6 +563,7 @@ def diag_replay(s: Shape, clock: Clock, ckpt: str, read: str | None, L: int, cfg
         go = clock.graph(lambda: cache._out_launch(v, idx, out))
         row["us_out"] = clock.median(go)
         # the concurrent step's prep launch leaves the clocks alone: every replay is at pos
+        cache.counters.tickets.fill_(pos * P)
         gpo = clock.graph(lambda: cache._staged(q, k, v, a, b, A_log, dt_bias, idx, out,
                                                 concurrent=True))
         row["us_prep_out"] = clock.median(gpo)
