@@ -10,5 +10,6 @@ Modules (imported on demand, so ``TRITON_INTERPRET`` can still be set first):
 * ``mamba2_conv`` / ``mamba2_kernel`` / ``mamba2_step`` / ``mamba2_spec``: Mamba-2
   conventional step, replay step, speculative verify and commit.
 * ``mamba2_backend`` / ``backend``: the engine's Triton runners.
+* ``bandwidth``: the copy and read probes behind ``precisionlab.timing.bandwidth``.
 * ``testing``: run the kernels in the Triton interpreter where there is no GPU.
 """

@@ -18,7 +18,7 @@ _MODULES = ("tl_formats", "tl_common", "tl_dots", "tl_prefetch", "tl_mamba2_fast
             "codec", "clocks", "read_encode", "mamba2_conv", "mamba2_kernel", "mamba2_fast",
             "mamba2_verify", "mamba2_step", "mamba2_spec", "mamba2_backend", "gdn_extra",
             "gdn_device", "gdn_flush", "gdn_step", "gdn_verify", "gdn_decode", "gdn_backend",
-            "backend")
+            "backend", "bandwidth")
 
 
 def kernel_device() -> str:

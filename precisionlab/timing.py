@@ -8,7 +8,8 @@ device counters (a replay design's ring) walks through its window on successive
 replays, so replay ``i`` is ring position ``(start + i) mod L``.
 
 Bandwidth ceilings are measured the same way: a device-to-device copy (bytes
-read + written) and a read-only Triton reduction (bytes read).
+read + written) and a read-only Triton reduction (bytes read), the probes of
+:mod:`precisionlab.kernels.bandwidth`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 FLUSH_BYTES = 256 << 20
 
@@ -170,44 +169,21 @@ def paired_speedups(means: Mapping[str, Sequence[float]], peer: str, *, level: f
     return out
 
 
-@triton.jit
-def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-    base = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
-    for i in range(ITERS):
-        offs = base + i * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
-
-
-@triton.jit
-def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-    pid = tl.program_id(0)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    base = pid.to(tl.int64) * BLOCK * ITERS
-    for i in range(ITERS):
-        offs = base + i * BLOCK + tl.arange(0, BLOCK)
-        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
-
-
 def bandwidth(nbytes: int = 2 << 30, device: torch.device | str = "cuda",
               timer: ColdL2Timer | None = None, n: int = 10) -> dict[str, float]:
     """Measured ceilings in TB/s: ``copy`` (read + write, a Triton copy kernel;
     ``torch_copy`` for ``Tensor.copy_``) and ``read`` (a read-only reduction), each
     a median of cold-L2 graph replays."""
+    from precisionlab.kernels.bandwidth import copy_launch, programs, read_launch
+
     timer = timer or ColdL2Timer(device)
     numel = nbytes // 4
     src = torch.randn(numel, device=device)
     dst = torch.empty_like(src)
-    block, iters = 4096, 8
-    grid = triton.cdiv(numel, block * iters)
-    copy_us = timer.median(capture(
-        lambda: _copy_kernel[(grid,)](src, dst, numel, BLOCK=block, ITERS=iters, num_warps=8)
-    ), n)
+    copy_us = timer.median(capture(lambda: copy_launch(src, dst)), n)
     torch_copy_us = timer.median(capture(lambda: dst.copy_(src)), n)
-    part = torch.empty(grid, device=device)
-    read_us = timer.median(capture(
-        lambda: _read_kernel[(grid,)](src, part, numel, BLOCK=block, ITERS=iters, num_warps=8)
-    ), n)
+    part = torch.empty(programs(numel), device=device)
+    read_us = timer.median(capture(lambda: read_launch(src, part)), n)
     return {"copy_TBps": 2 * nbytes / copy_us / 1e6, "read_TBps": nbytes / read_us / 1e6,
             "torch_copy_TBps": 2 * nbytes / torch_copy_us / 1e6,
             "copy_us": copy_us, "read_us": read_us, "bytes": float(nbytes)}

@@ -26,6 +26,7 @@ import xarray as xr
 
 from precisionlab.presets import get_preset
 from precisionlab.studies.drift import StudyError
+from precisionlab.timing import layer_count
 
 PEERS = {"mamba2": "mamba_ssm", "gdn": "fla"}
 """The peer kernel of each family."""
@@ -56,9 +57,7 @@ def check_paired(model: str, kernels: Sequence[str] | None, batch: int, window: 
                           f"{', '.join(KERNELS[kind])}")
     if batch < 1 or window < 2 or rounds < 2:
         raise PairedError("batch must be >= 1, window >= 2 and rounds >= 2")
-    # timing.layer_count's check, written out so a usage error imports no Triton
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise PairedError(f"layers must be an integer >= 1, got {layers!r}")
+    layer_count(layers, PairedError)
     return kind, list(dict.fromkeys(kernels))
 
 
