@@ -45,3 +45,56 @@ def assert_runs_same_bits(runs: list[list[torch.Tensor]]) -> None:
         assert len(run) == len(runs[0])
         for a, b in zip(run, runs[0], strict=True):
             assert torch.equal(bits(a), bits(b))
+
+
+def skip_repatching_device_calls() -> bool:
+    """Make the Triton interpreter (3.6.0) skip re-patching ``triton.language`` at every
+    device-function call inside a running kernel; returns whether it was installed.
+
+    A kernel launch patches the language's builtins for the interpreter and restores
+    them when its grid is done.  Each call of a ``@triton.jit`` helper from that kernel
+    patches the language modules its own module sees again, scanning them whole, which
+    takes about a quarter of an interpreted test's time in kernels built from many
+    small helpers.  A call whose modules (``triton.language``, ``triton.language.core``)
+    this launch has already patched is skipped: the scan would find every builtin
+    patched and change nothing.  Calls that see a module not yet patched (Triton's own
+    helpers see ``core``), the launch's own patching and every call outside a kernel
+    run as before; other Triton versions are left alone.
+    """
+    import triton
+    from triton.runtime import interpreter as itp
+
+    if triton.__version__ != "3.6.0" or getattr(itp, "_skips_device_repatch", False):
+        return False
+    if not (hasattr(itp, "_patch_lang") and hasattr(itp, "GridExecutor")
+            and hasattr(itp, "_LangPatchScope")):
+        return False
+    import inspect
+
+    import triton.language as tl
+
+    patch_lang = itp._patch_lang
+    grid_call = itp.GridExecutor.__call__
+    patched: list[set[int]] = []  # per running launch: the language modules patched
+
+    def launch(self, *args, **kwargs):
+        patched.append(set())
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def patch(fn):
+        langs = {id(v) for v in fn.__globals__.values()
+                 if inspect.ismodule(v) and v in (tl, tl.core)}
+        if patched and langs and langs <= patched[-1]:
+            return itp._LangPatchScope()  # a device call: the launch patched these
+        scope = patch_lang(fn)
+        if patched:
+            patched[-1].update(langs)
+        return scope
+
+    itp._patch_lang = patch
+    itp.GridExecutor.__call__ = launch
+    itp._skips_device_repatch = True
+    return True

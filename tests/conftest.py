@@ -1,7 +1,9 @@
 """Test session set-up.  Without a GPU the Triton kernels run in the interpreter.
 Triton reads ``TRITON_INTERPRET`` when it decorates a function, its own library's
 included (``tl.cumsum``'s combine function), so the switch is made here, before any
-test module imports Triton; ``kernels.testing.kernel_device`` makes the same choice."""
+test module imports Triton; ``kernels.testing.kernel_device`` makes the same choice.  In the interpreter, device-function calls inside a running
+kernel skip their redundant re-patching of ``triton.language``
+(``kernels.testing.skip_repatching_device_calls``)."""
 
 import os
 
@@ -9,3 +11,6 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+    from precisionlab.kernels.testing import skip_repatching_device_calls
+
+    skip_repatching_device_calls()

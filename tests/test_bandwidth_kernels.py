@@ -1,10 +1,26 @@
 """The bandwidth probes (``kernels.bandwidth``) against their torch references, on
-small shapes (the interpreter without a GPU)."""
+small shapes (the interpreter without a GPU), and the test suite's interpreter shim
+(``kernels.testing.skip_repatching_device_calls``)."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from precisionlab.kernels.testing import kernel_device
+
+
+@triton.jit
+def _twice(x):
+    return x * 2.0
+
+
+@triton.jit
+def _doublings_then_cumsum(x_ptr, y_ptr, N: tl.constexpr, REPS: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, N))
+    for _ in tl.static_range(REPS):
+        x = _twice(x)
+    tl.store(y_ptr + tl.arange(0, N), tl.cumsum(x, axis=0))
 
 
 @pytest.mark.parametrize("numel", [1, 300, 512, 1000])
@@ -40,3 +56,34 @@ def test_layer_count_check_shared_by_the_paired_study():
         with pytest.raises(PairedError, match="layers must be an integer >= 1"):
             check_paired("qwen3.5-4b", None, 256, 16, 4, layers=bad)
     assert check_paired("qwen3.5-4b", None, 256, 16, 4, layers=3)[0] == "gdn"
+
+
+def test_device_calls_skip_only_redundant_repatching(monkeypatch):
+    """Under the interpreter (Triton 3.6.0) a launch patches the language once per module
+    set: a helper called many times from the kernel patches nothing again, Triton's own
+    helper that sees ``core`` still gets it patched, and the results are right."""
+    from triton.runtime import interpreter as itp
+
+    from precisionlab.kernels.testing import skip_repatching_device_calls
+
+    if kernel_device() != "cpu" or triton.__version__ != "3.6.0":
+        pytest.skip("the interpreter shim applies to Triton 3.6.0's interpreter only")
+    skip_repatching_device_calls()  # installed by conftest; a second call is a no-op
+    assert itp._skips_device_repatch is True
+    assert skip_repatching_device_calls() is False
+
+    scans = []
+    original = itp._patch_builtin
+    monkeypatch.setattr(itp, "_patch_builtin",
+                        lambda pkg, *a: (scans.append(pkg), original(pkg, *a))[1])
+    x = torch.arange(8, dtype=torch.float32)
+    counts = {}
+    for reps in (0, 4, 0):
+        y = torch.empty(8)
+        scans.clear()
+        _doublings_then_cumsum[(1,)](x, y, N=8, REPS=reps)
+        assert torch.equal(y, torch.cumsum(x * 2.0**reps, dim=0))
+        counts[reps] = scans.count(tl.tensor)  # the tensor class: once per patching
+    # the launch patched, and cumsum (which sees core) patched too; the four calls of
+    # the helper patched nothing more
+    assert counts[4] == counts[0] >= 2
