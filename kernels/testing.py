@@ -61,7 +61,10 @@ def skip_repatching_device_calls() -> bool:
     helpers see ``core``), the launch's own patching and every call outside a kernel
     run as before; other Triton versions are left alone.
     """
+    import inspect
+
     import triton
+    import triton.language as tl
     from triton.runtime import interpreter as itp
 
     if triton.__version__ != "3.6.0" or getattr(itp, "_skips_device_repatch", False):
@@ -69,10 +72,6 @@ def skip_repatching_device_calls() -> bool:
     if not (hasattr(itp, "_patch_lang") and hasattr(itp, "GridExecutor")
             and hasattr(itp, "_LangPatchScope")):
         return False
-    import inspect
-
-    import triton.language as tl
-
     patch_lang = itp._patch_lang
     grid_call = itp.GridExecutor.__call__
     patched: list[set[int]] = []  # per running launch: the language modules patched

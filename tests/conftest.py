@@ -1,8 +1,9 @@
 """Test session set-up.  Without a GPU the Triton kernels run in the interpreter.
 Triton reads ``TRITON_INTERPRET`` when it decorates a function, its own library's
 included (``tl.cumsum``'s combine function), so the switch is made here, before any
-test module imports Triton; ``kernels.testing.kernel_device`` makes the same choice.  In the interpreter, device-function calls inside a running
-kernel skip their redundant re-patching of ``triton.language``
+test module imports Triton; ``kernels.testing.kernel_device`` makes the same choice.
+In the interpreter, device-function calls inside a running kernel skip their
+redundant re-patching of ``triton.language``
 (``kernels.testing.skip_repatching_device_calls``)."""
 
 import os
