@@ -662,23 +662,32 @@ def test_staged_flush_after_prep_equals_before(grid) -> None:
     assert advanced.tolist() == [len(raws) * HK, len(raws) * HK, 0, len(raws) * HK]
 
 
-@pytest.mark.parametrize("ckpt,read,variant", [
-    ("fp32", "fp8-e4m3", {"flush_grid": "dynamic"}),
-    ("fp16-sr", "nvfp4", {"flush_grid": "dynamic"}),
-    ("fp32", "fp8-e4m3", {"flush_ring_ahead": True}),
-    ("fp32", None, {"flush_grid": "dynamic", "flush_ring_ahead": True}),
-    ("fp32", "fp8-e4m3", {"flush_evict": True}),
-    ("fp16-sr", "nvfp4", {"flush_evict": True}),
-    ("fp32", "nvfp4", {"read_encode": "launch"}),
-    ("fp32", "mxfp4", {"read_encode": "launch"}),
-    ("fp32", "nvfp4", {"read_encode": "launch", "encode_rows": 16}),
-    ("fp16-sr", "nvfp4", {"read_encode": "launch"}),
-    ("fp16-sr", "nvfp4", {"read_encode": "launch", "encode_rows": 16})],
-    ids=["dynamic-fp8", "dynamic-nvfp4", "ring-ahead-fp8", "dynamic-ring-ahead-fp32",
-         "evict-fp8", "evict-nvfp4", "encode-launch-nvfp4", "encode-launch-mxfp4",
-         "encode-launch-chunks-nvfp4", "encode-launch-fp16sr-nvfp4",
-         "encode-launch-chunks-fp16sr-nvfp4"])
-def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: dict,
+_FLUSH_VARIANTS = {
+    # (checkpoint, read copy, encoder of the baseline): the variants timed against it
+    ("fp32", "fp8-e4m3", "flush"): {
+        "dynamic": {"flush_grid": "dynamic"},
+        "ring-ahead": {"flush_ring_ahead": True},
+        "evict": {"flush_evict": True}},
+    ("fp16-sr", "nvfp4", "flush"): {
+        "dynamic": {"flush_grid": "dynamic"},
+        "evict": {"flush_evict": True}},
+    ("fp32", None, "flush"): {
+        "dynamic-ring-ahead": {"flush_grid": "dynamic", "flush_ring_ahead": True}},
+    ("fp32", "nvfp4", "launch"): {
+        "encode-launch": {"read_encode": "launch"},
+        "encode-launch-chunks": {"read_encode": "launch", "encode_rows": 16}},
+    ("fp32", "mxfp4", "launch"): {
+        "encode-launch": {"read_encode": "launch"}},
+    ("fp16-sr", "nvfp4", "launch"): {
+        "encode-launch": {"read_encode": "launch"},
+        "encode-launch-chunks": {"read_encode": "launch", "encode_rows": 16}},
+}
+
+
+@pytest.mark.parametrize("ckpt,read,encoder", list(_FLUSH_VARIANTS),
+                         ids=["fp8", "fp16sr-nvfp4", "fp32", "nvfp4-encode-launch",
+                              "mxfp4-encode-launch", "fp16sr-nvfp4-encode-launch"])
+def test_flush_variants_equal_persistent(ckpt: str, read: str | None, encoder: str,
                                          monkeypatch) -> None:
     """Flush programs that claim their units from a counter (``flush_grid="dynamic"``,
     fewer programs than units) and chunk loops that load the ring v rows a chunk ahead
@@ -687,43 +696,48 @@ def test_flush_variants_equal_persistent(ckpt: str, read: str | None, variant: d
     windows, aligned and staggered rows with a padding row (compiled, the fp32 values
     to 1e-6: the variants' code may contract products differently), as does a read
     copy encoded by a launch of its own (``read_encode="launch"``) against the flush's
-    own encoder; the dynamic grid
-    leaves its counter and its count of programs done at zero after every flush
-    launch."""
+    own encoder; the dynamic grid leaves its counter and its count of programs done at
+    zero after every flush launch.  Each baseline runs once for all its variants."""
     # the encode launch's programs each take several matrices on the CPU (2 "SMs"), as
     # one tile (32 rows) or in 16-row chunks (an amax pass, then an encode pass)
     monkeypatch.setattr(read_encode, "ENCODE_CTAS_PER_SM", 1)
-    variant = dict(variant)
-    monkeypatch.setattr(read_encode, "ENCODE_ROWS", variant.pop("encode_rows", 0))
     B, L = 4, 3
     kind, params, raws = setup(steps=2 * L + 1, batch=B, seed=8)
     idx = torch.tensor([2, 0, -1, 1], dtype=torch.int32, device=DEV)
+    base = {"read_encode": "flush"} if encoder == "launch" else {}
+
+    def run(cfg: dict, stagger: bool) -> list[torch.Tensor]:
+        cfg = dict(cfg)
+        monkeypatch.setattr(read_encode, "ENCODE_ROWS", cfg.pop("encode_rows", 0))
+        cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ckpt, read=read,
+                               device=DEV, launch="staged", block_v=V, flush_chunk=16,
+                               flush_ctas_per_sm=1, concurrent_flush=False, **cfg)
+        cache.reset(state0(B))
+        if stagger:
+            stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
+        outs = []
+        for r in raws:
+            out = torch.zeros(B, HV, V, device=DEV)  # the padding row stays zero
+            cache.step(*args(r), params.A_log, params.dt_bias, idx, out=out)
+            outs.append(out)
+            assert cache._flush_work.tolist() == [0, 0]
+        return outs + cache.ckpt.tensors() + (cache.read.tensors() if read else [])
+
     for stagger in (False, True):
-        res = []
-        base = {"read_encode": "flush"} if "read_encode" in variant else {}
-        for cfg in (base, variant):
-            cache = GDNReplayCache(B, HK, HV, K, V, window=L, checkpoint=ckpt, read=read,
-                                   device=DEV, launch="staged", block_v=V, flush_chunk=16,
-                                   flush_ctas_per_sm=1, concurrent_flush=False, **cfg)
-            cache.reset(state0(B))
-            if stagger:
-                stagger_clocks(cache.counters.tickets, L, cache.programs_per_slot)
-            outs = []
-            for r in raws:
-                out = torch.zeros(B, HV, V, device=DEV)  # the padding row stays zero
-                cache.step(*args(r), params.A_log, params.dt_bias, idx, out=out)
-                outs.append(out)
-                assert cache._flush_work.tolist() == [0, 0]
-            res.append(outs + cache.ckpt.tensors()
-                       + (cache.read.tensors() if read else []))
-        if DEVICE == "cpu":
-            assert_runs_same_bits(res)
-            continue
-        for a, b in zip(res[1], res[0], strict=True):
-            if a.dtype == torch.float32:
-                assert rel(a, b) < 1e-6
-            else:
-                assert torch.equal(a, b)
+        expected = run(base, stagger)
+        for name, variant in _FLUSH_VARIANTS[ckpt, read, encoder].items():
+            got = run(variant, stagger)
+            if DEVICE == "cpu":
+                try:
+                    assert_runs_same_bits([expected, got])
+                except AssertionError as err:
+                    raise AssertionError(f"{name}, staggered: {stagger}") from err
+                continue
+            for a, b in zip(got, expected, strict=True):
+                if a.dtype == torch.float32:
+                    assert rel(a, b) < 1e-6, (name, stagger)
+                else:
+                    assert torch.equal(a, b), (name, stagger)
 
 
 def test_encode_rows_take_whole_matrices_up_to_16_kb() -> None:
