@@ -83,9 +83,14 @@ def skip_repatching_device_calls() -> bool:
         finally:
             patched.pop()
 
+    seen: dict[tuple[int, int], set[int]] = {}  # by a module's globals (id, size)
+
     def patch(fn):
-        langs = {id(v) for v in fn.__globals__.values()
-                 if inspect.ismodule(v) and v in (tl, tl.core)}
+        g = fn.__globals__
+        langs = seen.get((id(g), len(g)))
+        if langs is None:
+            langs = {id(v) for v in g.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+            seen[id(g), len(g)] = langs
         if patched and langs and langs <= patched[-1]:
             return itp._LangPatchScope()  # a device call: the launch patched these
         scope = patch_lang(fn)
@@ -96,4 +101,110 @@ def skip_repatching_device_calls() -> bool:
     itp._patch_lang = patch
     itp.GridExecutor.__call__ = launch
     itp._skips_device_repatch = True
+    return True
+
+
+def cache_interpreter_types() -> bool:
+    """Make two per-operation costs of the Triton interpreter (3.6.0) cheaper; returns
+    whether they were installed (other versions are left alone).
+
+    - ``interpreter._get_np_dtype`` built its 19-entry table of numpy types at every
+      call (once or more per operation); the table is now looked up once per type.
+    - ``triton.language.core.tuple_type`` formatted its printed name whenever one was
+      made (every tensor makes one for its shape); the name is now formatted when it
+      is read.
+    - Every ``block_type`` and every ``tensor`` of a block type built and checked its
+      shape tuples anew; a block shape's tuples (its ints, checked once, and the
+      tensors' constexprs) are now made once per shape and shared, and a block type's
+      name is formatted when it is read.
+    Results are unchanged.
+    """
+    import triton
+    from triton.language import core
+    from triton.runtime import interpreter as itp
+
+    if triton.__version__ != "3.6.0" or getattr(itp, "_caches_types", False):
+        return False
+    needs = ("tuple_type", "block_type", "tensor", "tuple", "constexpr", "_unwrap_shape",
+             "validate_block_shape")
+    if not (hasattr(itp, "_get_np_dtype") and all(hasattr(core, n) for n in needs)):
+        return False
+    np_dtype = itp._get_np_dtype
+    table: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        ty = tt_dtype.element_ty if isinstance(tt_dtype, core.block_type) else tt_dtype
+        if isinstance(ty, core.pointer_type):
+            return np_dtype(ty)
+        found = table.get(ty)
+        if found is None:
+            found = table[ty] = np_dtype(ty)
+        return found
+
+    def tuple_init(self, types, fields=None):
+        self.types = types
+        self.fields = fields or [""] * len(types)
+
+    def tuple_name(self) -> str:
+        named = self.__dict__.get("_name")
+        if named is None:
+            pairs = zip(self.fields, self.types, strict=False)
+            named = "[" + ",".join(f"{k}:{v}" for k, v in pairs) + "]"
+        return named
+
+    def set_tuple_name(self, value: str) -> None:
+        self.__dict__["_name"] = value
+
+    get_np_dtype.__wrapped__ = np_dtype
+    shapes: dict[tuple, tuple] = {}  # block shape (ints) -> its tuples and numels
+
+    def block_init(self, element_ty, shape):
+        self.element_ty = element_ty
+        assert isinstance(shape, (list, core.tuple))
+        dims = shape.values if isinstance(shape, core.tuple) else shape
+        if all(type(d) is int for d in dims):
+            key = tuple(dims)
+        else:
+            key = tuple(core._unwrap_shape(shape))
+        made = shapes.get(key)
+        if made is None:
+            ints = core.tuple(list(key))
+            if not ints:
+                raise TypeError("0d block_type is forbidden")
+            numel = core.validate_block_shape(ints)
+            consts = core.tuple([core.constexpr(d) for d in ints])
+            made = shapes[key] = (ints, numel, consts, core.constexpr(numel))
+        self.shape, self.numel, self._tensor_shape, self._tensor_numel = made
+
+    def block_name(self) -> str:
+        named = self.__dict__.get("_name")
+        return f"<{self.shape}, {self.element_ty}>" if named is None else named
+
+    tensor_init = core.tensor.__init__
+
+    no_dims = core.tuple([])
+    one = core.constexpr(1)
+
+    def shared_tensor_init(self, handle, type):
+        if type.is_block():
+            made = getattr(type, "_tensor_shape", None)
+            if made is None:  # a block type made before these caches
+                tensor_init(self, handle, type)
+                return
+            numel = type._tensor_numel
+        else:
+            made, numel = no_dims, one
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        self.shape = made
+        self.numel = numel
+
+    itp._get_np_dtype = get_np_dtype
+    core.tuple_type.__init__ = tuple_init
+    core.tuple_type.name = property(tuple_name, set_tuple_name)
+    core.block_type.__init__ = block_init
+    core.block_type.name = property(block_name, set_tuple_name)
+    core.tensor.__init__ = shared_tensor_init
+    itp._caches_types = True
     return True

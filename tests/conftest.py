@@ -4,7 +4,8 @@ included (``tl.cumsum``'s combine function), so the switch is made here, before 
 test module imports Triton; ``kernels.testing.kernel_device`` makes the same choice.
 In the interpreter, device-function calls inside a running kernel skip their
 redundant re-patching of ``triton.language``
-(``kernels.testing.skip_repatching_device_calls``)."""
+(``kernels.testing.skip_repatching_device_calls``), and two per-operation costs are
+cut (``kernels.testing.cache_interpreter_types``)."""
 
 import os
 
@@ -12,6 +13,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-    from precisionlab.kernels.testing import skip_repatching_device_calls
+    from precisionlab.kernels.testing import (
+        cache_interpreter_types,
+        skip_repatching_device_calls,
+    )
 
     skip_repatching_device_calls()
+    cache_interpreter_types()

@@ -87,3 +87,50 @@ def test_device_calls_skip_only_redundant_repatching(monkeypatch):
     # the launch patched, and cumsum (which sees core) patched too; the four calls of
     # the helper patched nothing more
     assert counts[4] == counts[0] >= 2
+
+
+def test_interpreter_type_caches_keep_every_answer():
+    """Under the interpreter (Triton 3.6.0) the cached numpy types equal the
+    interpreter's own for scalars, blocks, pointers and blocks of pointers, asked twice;
+    a tuple type's name is formatted as Triton formats it, and can still be set; block
+    types of one shape share their shape tuples, which equal Triton's, and bad shapes
+    are still refused; a tensor's shape and numel are its block type's, as constexprs."""
+    from triton.language import core
+    from triton.runtime import interpreter as itp
+
+    from precisionlab.kernels.testing import cache_interpreter_types
+
+    if kernel_device() != "cpu" or triton.__version__ != "3.6.0":
+        pytest.skip("the interpreter shim applies to Triton 3.6.0's interpreter only")
+    cache_interpreter_types()  # installed by conftest; a second call is a no-op
+    assert itp._caches_types is True
+    assert cache_interpreter_types() is False
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32,
+               tl.int64, tl.uint64, tl.float16, tl.bfloat16, tl.float32, tl.float64,
+               tl.float8e4nv, tl.float8e5]
+    types = scalars + [core.block_type(t, [4, 2]) for t in scalars]
+    types += [core.pointer_type(tl.float32), core.block_type(core.pointer_type(tl.int8), [8])]
+    uncached = itp._get_np_dtype.__wrapped__
+    for _ in range(2):
+        assert [itp._get_np_dtype(t) for t in types] == [uncached(t) for t in types]
+    with pytest.raises(KeyError):
+        itp._get_np_dtype(tl.void)
+    ty = core.tuple_type([tl.float32, core.constexpr_type(3)], ["a", "b"])
+    assert ty.name == str(ty) == "[a:fp32,b:constexpr_type[3]]"
+    assert str(core.tuple_type([tl.int32])) == "[:int32]"
+    ty.name = "renamed"
+    assert str(ty) == "renamed"
+    a = core.block_type(tl.float32, [4, core.constexpr(2)])
+    b = core.block_type(tl.int8, core.tuple([4, 2]))
+    assert a.shape is b.shape and list(a.shape) == [4, 2] and a.numel == b.numel == 8
+    assert a.name == str(a) == "<['4', '2'], fp32>" and a.get_block_shapes() == a.shape
+    assert a != b and a == core.block_type(tl.float32, [4, 2])
+    with pytest.raises(TypeError, match="0d block_type"):
+        core.block_type(tl.float32, [])
+    with pytest.raises(ValueError, match="power of 2"):
+        core.block_type(tl.float32, [3])
+    t = core.tensor(None, a)
+    assert [type(d) for d in t.shape] == [core.constexpr] * 2
+    assert [d.value for d in t.shape] == [4, 2] and t.numel.value == 8 and t.dtype == tl.float32
+    scalar = core.tensor(None, tl.float32)
+    assert len(scalar.shape) == 0 and scalar.numel.value == 1
