@@ -105,19 +105,18 @@ def skip_repatching_device_calls() -> bool:
 
 
 def cache_interpreter_types() -> bool:
-    """Make two per-operation costs of the Triton interpreter (3.6.0) cheaper; returns
-    whether they were installed (other versions are left alone).
+    """Make the Triton interpreter's (3.6.0) bookkeeping of every operation cheaper;
+    returns whether it was installed (other versions are left alone).
 
     - ``interpreter._get_np_dtype`` built its 19-entry table of numpy types at every
       call (once or more per operation); the table is now looked up once per type.
-    - ``triton.language.core.tuple_type`` formatted its printed name whenever one was
-      made (every tensor makes one for its shape); the name is now formatted when it
-      is read.
+    - ``tuple_type`` and ``block_type`` formatted their printed names whenever one was
+      made (every tensor makes a tuple type for its shape); the names are now
+      formatted when they are read.
     - Every ``block_type`` and every ``tensor`` of a block type built and checked its
       shape tuples anew; a block shape's tuples (its ints, checked once, and the
-      tensors' constexprs) are now made once per shape and shared, and a block type's
-      name is formatted when it is read.
-    Results are unchanged.
+      tensors' constexprs) are now made once per shape and shared.
+    Results are unchanged; an interpreted flush test takes 40% less CPU time.
     """
     import triton
     from triton.language import core
@@ -129,7 +128,16 @@ def cache_interpreter_types() -> bool:
              "validate_block_shape")
     if not (hasattr(itp, "_get_np_dtype") and all(hasattr(core, n) for n in needs)):
         return False
-    np_dtype = itp._get_np_dtype
+    itp._get_np_dtype = _np_dtypes_by_type(itp._get_np_dtype, core)
+    _lazy_type_names(core)
+    _shared_block_shapes(core)
+    itp._caches_types = True
+    return True
+
+
+def _np_dtypes_by_type(np_dtype, core):
+    """``np_dtype`` (the interpreter's ``_get_np_dtype``) asked once per scalar type;
+    the original is the result's ``__wrapped__``."""
     table: dict = {}
 
     def get_np_dtype(tt_dtype):
@@ -140,6 +148,14 @@ def cache_interpreter_types() -> bool:
         if found is None:
             found = table[ty] = np_dtype(ty)
         return found
+
+    get_np_dtype.__wrapped__ = np_dtype
+    return get_np_dtype
+
+
+def _lazy_type_names(core) -> None:
+    """``tuple_type`` and ``block_type`` names formatted as Triton formats them, when
+    read (a name set explicitly is kept)."""
 
     def tuple_init(self, types, fields=None):
         self.types = types
@@ -152,10 +168,22 @@ def cache_interpreter_types() -> bool:
             named = "[" + ",".join(f"{k}:{v}" for k, v in pairs) + "]"
         return named
 
-    def set_tuple_name(self, value: str) -> None:
+    def block_name(self) -> str:
+        named = self.__dict__.get("_name")
+        return f"<{self.shape}, {self.element_ty}>" if named is None else named
+
+    def set_name(self, value: str) -> None:
         self.__dict__["_name"] = value
 
-    get_np_dtype.__wrapped__ = np_dtype
+    core.tuple_type.__init__ = tuple_init
+    core.tuple_type.name = property(tuple_name, set_name)
+    core.block_type.name = property(block_name, set_name)
+
+
+def _shared_block_shapes(core) -> None:
+    """Block types of one shape share its tuples, made and checked once: the ints
+    (``block_type.shape``) and the constexprs of their tensors' ``shape`` and
+    ``numel``; scalar tensors share one empty shape."""
     shapes: dict[tuple, tuple] = {}  # block shape (ints) -> its tuples and numels
 
     def block_init(self, element_ty, shape):
@@ -176,16 +204,11 @@ def cache_interpreter_types() -> bool:
             made = shapes[key] = (ints, numel, consts, core.constexpr(numel))
         self.shape, self.numel, self._tensor_shape, self._tensor_numel = made
 
-    def block_name(self) -> str:
-        named = self.__dict__.get("_name")
-        return f"<{self.shape}, {self.element_ty}>" if named is None else named
-
     tensor_init = core.tensor.__init__
-
     no_dims = core.tuple([])
     one = core.constexpr(1)
 
-    def shared_tensor_init(self, handle, type):
+    def shared_tensor_init(self, handle, type):  # (Triton's parameter names)
         if type.is_block():
             made = getattr(type, "_tensor_shape", None)
             if made is None:  # a block type made before these caches
@@ -200,11 +223,5 @@ def cache_interpreter_types() -> bool:
         self.shape = made
         self.numel = numel
 
-    itp._get_np_dtype = get_np_dtype
-    core.tuple_type.__init__ = tuple_init
-    core.tuple_type.name = property(tuple_name, set_tuple_name)
     core.block_type.__init__ = block_init
-    core.block_type.name = property(block_name, set_tuple_name)
     core.tensor.__init__ = shared_tensor_init
-    itp._caches_types = True
-    return True
