@@ -4,8 +4,8 @@ included (``tl.cumsum``'s combine function), so the switch is made here, before 
 test module imports Triton; ``kernels.testing.kernel_device`` makes the same choice.
 In the interpreter, device-function calls inside a running kernel skip their
 redundant re-patching of ``triton.language``
-(``kernels.testing.skip_repatching_device_calls``), and two per-operation costs are
-cut (``kernels.testing.cache_interpreter_types``)."""
+(``kernels.testing.skip_repatching_device_calls``), and its bookkeeping of every
+operation is cheaper (``kernels.testing.cache_interpreter_types``)."""
 
 import os
 

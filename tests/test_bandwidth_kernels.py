@@ -1,6 +1,6 @@
 """The bandwidth probes (``kernels.bandwidth``) against their torch references, on
-small shapes (the interpreter without a GPU), and the test suite's interpreter shim
-(``kernels.testing.skip_repatching_device_calls``)."""
+small shapes (the interpreter without a GPU), and the test suite's interpreter shims
+(``kernels.testing.skip_repatching_device_calls``, ``cache_interpreter_types``)."""
 
 import pytest
 import torch
