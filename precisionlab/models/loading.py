@@ -14,6 +14,7 @@ from torch import nn
 
 from ..presets import PRESETS, Preset, get_preset
 from .adapters import MixerAdapter, ModelError, adapter_for, find_ssm_mixers
+from .kernel_routes import route_cpu_to_torch
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SUPPORTED_MODEL_TYPES = {
@@ -75,6 +76,8 @@ class HybridModel:
             self.mixers = find_ssm_mixers(self.model)
         if not self.mixers:
             raise ModelError(f"{self.architecture} has no supported SSM layer")
+        # an installed kernel package (fla, mamba_ssm) cannot take the CPU's tensors
+        route_cpu_to_torch(type(m).__module__ for m in self.mixers.values())
 
     @property
     def architecture(self) -> str:
