@@ -147,10 +147,12 @@ def command_line(ctx: typer.Context) -> str:
 def _run_study(ctx: typer.Context, study: Callable, out_path: Path | None,
                plot_path: Path | None, plot_kind: str, **kwargs):
     from precisionlab.export import check_writable, save_result
-    from precisionlab.plots import save_plot
+    from precisionlab.plots import check_plot_path, save_plot
 
     if out_path is not None:
         check_writable(out_path)
+    if plot_path is not None:
+        check_plot_path(plot_path)
     with _progress() as progress:
         task = progress.add_task("decoding", total=None)
 

@@ -98,16 +98,23 @@ def window_figure(ds: xr.Dataset) -> plt.Figure:
     return fig
 
 
-def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves") -> Path:
-    """Draw ``kind`` ('curves' or 'window') and write it to ``path`` (PNG), atomically."""
-    if kind not in PLOT_KINDS:
-        raise PlotError(f"unknown plot kind {kind!r}; choose one of {', '.join(PLOT_KINDS)}")
+def check_plot_path(path: str | os.PathLike) -> Path:
+    """``path`` if a PNG figure can be written there, else a PlotError (the command line
+    checks it before a study runs)."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise PlotError(f"plots are written as PNG: give a path ending in .png, not {str(path)!r}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise PlotError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
+    return path
+
+
+def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves") -> Path:
+    """Draw ``kind`` ('curves' or 'window') and write it to ``path`` (PNG), atomically."""
+    if kind not in PLOT_KINDS:
+        raise PlotError(f"unknown plot kind {kind!r}; choose one of {', '.join(PLOT_KINDS)}")
+    path = check_plot_path(path)
     fig = curves_figure(ds) if kind == "curves" else window_figure(ds)
     try:
         with atomic_path(path) as tmp:
