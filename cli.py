@@ -86,12 +86,26 @@ def fail(message: str, code: int = USAGE_EXIT) -> None:
     raise typer.Exit(code)
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed allocation (host or GPU memory)."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError)
+        and ("can't allocate memory" in text or "out of memory" in text.lower()))
+
+
 def guarded(fn: Callable[[], object]) -> object:
-    """Run ``fn``; turn the project's bad-input errors into one line and exit 2."""
+    """Run ``fn``; turn the project's bad-input errors, and a run too large for the
+    memory, into one line and exit 2."""
     try:
         return fn()
     except _usage_errors() as exc:
         fail(str(exc))
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        fail(f"not enough memory for this run ({first}); try a smaller --batch or --steps")
 
 
 def _progress():
@@ -233,6 +247,9 @@ def drift(
     if level is Level.model:
         from precisionlab.studies.model_drift import model_drift as study
 
+        if backend is Backend.triton or dynamics is not Dynamics.trained:
+            fail("--backend triton and --dynamics apply to --level layer (a whole model "
+                 "runs the torch engine on its own inputs)")
         for key in ("dynamics", "backend"):
             opts.pop(key)
         opts.update(layers=layers, prompt=prompt, dtype=dtype.value)

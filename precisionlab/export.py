@@ -42,6 +42,9 @@ def check_writable(path: str | os.PathLike) -> Path:
         raise ResultError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
     if path.is_dir() and path.suffix.lower() != ".zarr":
         raise ResultError(f"cannot write {str(path)!r}: it is a folder")
+    if path.suffix.lower() == ".zarr" and path.exists() and not path.is_dir():
+        raise ResultError(f"cannot write {str(path)!r}: a file is there (a zarr result is a "
+                          "folder)")
     return path
 
 

@@ -90,6 +90,12 @@ def test_gate_against_a_baseline(result_file):
         (["drift", "--model", "tiny-gdn", "--steps", "8", "--plot", "/no/such/dir/p.png"],
          "not writable"),
         (["window", "--model", "tiny-gdn", "--steps", "8", "--plot", "w.jpg"], "PNG"),
+        (["drift", "--model", "tiny-gdn", "--steps", "8", "--batch", "1000000000000"],
+         "not enough memory"),
+        (["drift", "--level", "model", "--model", "tiny-gdn", "--backend", "triton"],
+         "apply to --level layer"),
+        (["drift", "--level", "model", "--model", "tiny-gdn", "--dynamics", "init"],
+         "apply to --level layer"),
         (["bench", "--phases", "staggered"], "--phases and --paired apply to the kernel"),
         (["bench", "--what", "gdn", "--phases", "random"], "random"),
         (["bench", "--what", "mamba2", "--phases", "staggered", "--out", "b.nc"], "CUDA"),
@@ -126,6 +132,22 @@ def test_bad_input_is_one_line_and_exit_2(args, message, result_file, tmp_path, 
     assert message in r.output
     assert "Traceback" not in r.output
     assert not list(tmp_path.iterdir()), "no partial files"
+
+
+@pytest.mark.parametrize("name, make", [("r.zarr", "file"), ("r.nc", "folder")])
+def test_an_output_path_of_the_wrong_kind_is_refused_before_the_run(tmp_path, name, make):
+    """A zarr result is a folder, a netCDF or CSV result a file: a path already taken
+    by the other kind is refused up front and left as it was."""
+    target = tmp_path / name
+    if make == "file":
+        target.write_text("keep")
+    else:
+        target.mkdir()
+    r = invoke("drift", "--model", "tiny-gdn", "--steps", "8", "--out", str(target))
+    assert r.exit_code == 2, r.output
+    assert "cannot write" in r.output and "Traceback" not in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert target.read_text() == "keep" if make == "file" else not list(target.iterdir())
 
 
 def test_unreadable_result_is_a_usage_error(tmp_path):
