@@ -76,6 +76,10 @@ def check(
     """Evaluate the gate; one :class:`GateCheck` per selected configuration."""
     if max_rel_err is None and baseline is None:
         raise GateError("give a bound (--max-rel-err) or a baseline (--baseline), or both")
+    if max_rel_err is not None and not (np.isfinite(max_rel_err) and max_rel_err >= 0):
+        raise GateError(f"--max-rel-err must be a finite number >= 0, got {max_rel_err:g}")
+    if not (np.isfinite(rtol) and rtol >= 0):
+        raise GateError(f"--rtol must be a finite number >= 0, got {rtol:g}")
     if var not in ds.data_vars:
         raise GateError(f"the result has no variable {var!r}")
     try:
