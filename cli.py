@@ -471,6 +471,8 @@ def bench(
     """Benchmarks: the emulation engine, or the fused kernels on an NVIDIA GPU."""
 
     def run():
+        if out_path is not None:
+            _check_bench_out(out_path)
         if what is BenchWhat.engine and (phases is not Phases.aligned or paired):
             fail("--phases and --paired apply to the kernel benchmarks (--what mamba2 or gdn)")
         if rounds is not None and not paired:
@@ -569,18 +571,34 @@ def _print_bench(ds) -> None:
     out.print(ds.to_dataframe().dropna(how="all").to_string())
 
 
+def _check_bench_out(path: Path) -> None:
+    """Fail before a benchmark runs where its results cannot be written to ``path``
+    (a result file, or .json)."""
+    from precisionlab.export import SUFFIXES, check_writable
+
+    suffix = path.suffix.lower()
+    if suffix not in (*SUFFIXES, ".json"):
+        fail(f"cannot tell the file type of {str(path)!r}: use one of "
+             f"{', '.join((*SUFFIXES, '.json'))}")
+    if suffix != ".json":
+        check_writable(path)
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        fail(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+    if path.is_dir():
+        fail(f"cannot write {str(path)!r}: it is a folder")
+
+
 def _write_bench(ds, path: Path) -> None:
     from precisionlab.export import save_result
 
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         from precisionlab.atomic import write_json
 
         doc = {"attrs": {k: str(v) for k, v in ds.attrs.items()},
                "data": json.loads(ds.to_dataframe().reset_index().to_json(orient="records"))
                if ds.dims else {k: float(v) for k, v in ds.data_vars.items()}}
-        parent = path.parent if str(path.parent) else Path(".")
-        if not parent.is_dir():
-            fail(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
         write_json(path, doc, indent=2)
     else:
         save_result(ds, path)

@@ -14,7 +14,7 @@ from precisionlab import engine
 from precisionlab.designs import Design, shared, split
 from precisionlab.traces import SyntheticTrace
 
-from .drift import device_name, versions
+from .drift import StudyError, device_name, versions
 
 
 def default_designs() -> list[Design]:
@@ -37,6 +37,9 @@ def bench_engine(
     Returns a Dataset with ``ms_per_step``, ``steps_per_s`` and
     ``projected_4096_s`` (time of a 4096-step study at this rate).
     """
+    for name, value, least in (("steps", steps, 1), ("batch", batch, 1), ("warmup", warmup, 0)):
+        if int(value) < least:
+            raise StudyError(f"{name} must be an integer >= {least}, got {value}")
     designs = list(designs or default_designs())
     dev = engine.resolve_device(device)
     backend = engine.resolve_backend(backend, dev)

@@ -118,6 +118,11 @@ def test_gate_against_a_baseline(result_file):
          "layers must be an integer >= 1"),
         (["bench", "--what", "gdn", "--mamba-ssm-path", "."], "applies to --what mamba2"),
         (["bench", "--what", "mamba2", "--mamba-ssm-path", "no/such/dir"], "is not a folder"),
+        (["bench", "--steps", "0"], "steps must be an integer >= 1"),
+        (["bench", "--batch", "0"], "batch must be an integer >= 1"),
+        (["bench", "--steps", "1", "--out", "b.txt"], "use one of .nc, .zarr, .csv, .json"),
+        (["bench", "--steps", "1", "--out", "/no/such/dir/b.json"], "does not exist"),
+        (["bench", "--steps", "1", "--out", "/no/such/dir/b.nc"], "does not exist"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, result_file, tmp_path, monkeypatch):
