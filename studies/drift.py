@@ -25,7 +25,8 @@ class StudyError(ValueError):
 
 
 def _as_list(x: str | int | Sequence) -> list:
-    return [x] if isinstance(x, str | int) else list(x)
+    """One value or several, as a list without repeats (first occurrences kept)."""
+    return [x] if isinstance(x, str | int) else list(dict.fromkeys(x))
 
 
 def build_designs(

@@ -66,6 +66,14 @@ def test_assert_drift_twin(ds):
         assert_drift(ds, max_rel_err=1e-9, where={"design": "split", "format": "nvfp4"})
 
 
+def test_repeated_designs_formats_and_windows_count_once():
+    ds = precisionlab.drift("tiny-gdn", ["nvfp4", "fp8-e4m3", "nvfp4"],
+                            designs=["split", "split"], windows=[4, 4], steps=6)
+    assert list(ds["format"].values) == ["nvfp4", "fp8-e4m3"]
+    assert list(ds["design"].values) == ["split"] and list(ds["window"].values) == [4]
+    assert np.isfinite(ds["rel_err"].values).all()
+
+
 def test_compare_and_window_sweep():
     c = precisionlab.compare("tiny-mamba2", "fp8-e4m3", windows=[8], steps=96, batch=1,
                              device="cpu")
