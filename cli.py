@@ -364,6 +364,9 @@ def gate(
     if at not in ("final", "max", "mean") and not at.lstrip("-").isdigit():
         fail(f"--at must be final, max, mean or a step index, got {at!r}")
     at_value: str | int = at if at in ("final", "max", "mean") else int(at)
+    if junit is not None and any(p is not None and junit.resolve() == p.resolve()
+                                 for p in (result, baseline)):
+        fail(f"--junit {str(junit)!r} would overwrite a result being gated")
 
     def run() -> list:
         ds = load_result(result)

@@ -45,6 +45,8 @@ def parse_where(items: list[str] | None) -> dict[str, list[str]]:
             raise GateError(f"--where needs KEY=VALUE, got {item!r}")
         if key not in CONFIG_DIMS:
             raise GateError(f"--where key must be one of {', '.join(CONFIG_DIMS)}, got {key!r}")
+        if key == "window" and not value.isdigit():
+            raise GateError(f"--where window needs a whole number, got {value!r}")
         out.setdefault(key, []).append(value)
     return out
 

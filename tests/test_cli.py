@@ -86,6 +86,8 @@ def test_gate_against_a_baseline(result_file):
         (["gate", "RESULT"], "give a bound"),
         (["gate", "RESULT", "--max-rel-err", "1", "--at", "soon"], "--at must be"),
         (["gate", "RESULT", "--max-rel-err", "-1"], "--max-rel-err must be a finite number"),
+        (["gate", "RESULT", "--max-rel-err", "1", "--where", "window=abc"],
+         "--where window needs a whole number"),
         (["gate", "RESULT", "--max-rel-err", "nan"], "--max-rel-err must be a finite number"),
         (["gate", "RESULT", "--baseline", "RESULT", "--rtol", "-0.5"], "--rtol must be"),
         (["plot", "RESULT", "--out", "x.jpg"], "PNG"),
@@ -156,6 +158,19 @@ def test_an_output_path_of_the_wrong_kind_is_refused_before_the_run(tmp_path, na
     assert "cannot write" in r.output and "Traceback" not in r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
     assert target.read_text() == "keep" if make == "file" else not list(target.iterdir())
+
+
+def test_gate_report_never_overwrites_the_result(result_file, tmp_path):
+    before = result_file.read_bytes()
+    for extra in ([], ["--baseline", str(result_file)]):
+        r = invoke("gate", str(result_file), "--max-rel-err", "1", *extra,
+                   "--junit", str(result_file))
+        assert r.exit_code == 2 and "would overwrite" in r.output, r.output
+    base = tmp_path / "base.nc"
+    base.write_bytes(before)
+    r = invoke("gate", str(result_file), "--baseline", str(base), "--junit", str(base))
+    assert r.exit_code == 2 and "would overwrite" in r.output, r.output
+    assert result_file.read_bytes() == before and base.read_bytes() == before
 
 
 def test_unreadable_result_is_a_usage_error(tmp_path):
