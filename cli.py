@@ -579,18 +579,7 @@ def _check_bench_out(path: Path) -> None:
     (a result file, or .json)."""
     from precisionlab.export import SUFFIXES, check_writable
 
-    suffix = path.suffix.lower()
-    if suffix not in (*SUFFIXES, ".json"):
-        fail(f"cannot tell the file type of {str(path)!r}: use one of "
-             f"{', '.join((*SUFFIXES, '.json'))}")
-    if suffix != ".json":
-        check_writable(path)
-        return
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        fail(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
-    if path.is_dir():
-        fail(f"cannot write {str(path)!r}: it is a folder")
+    check_writable(path, (*SUFFIXES, ".json"))
 
 
 def _write_bench(ds, path: Path) -> None:

@@ -22,19 +22,20 @@ class ResultError(ValueError):
     """A result path that cannot be written or read."""
 
 
-def _suffix(path: Path) -> str:
+def _suffix(path: Path, suffixes: tuple[str, ...] = SUFFIXES) -> str:
     suffix = path.suffix.lower()
-    if suffix not in SUFFIXES:
+    if suffix not in suffixes:
         raise ResultError(
-            f"cannot tell the file type of {str(path)!r}: use one of {', '.join(SUFFIXES)}"
+            f"cannot tell the file type of {str(path)!r}: use one of {', '.join(suffixes)}"
         )
     return suffix
 
 
-def check_writable(path: str | os.PathLike) -> Path:
-    """Fail early (before a long run) if ``path`` cannot be written."""
+def check_writable(path: str | os.PathLike, suffixes: tuple[str, ...] = SUFFIXES) -> Path:
+    """Fail early (before a long run) if ``path`` cannot be written: its type (one of
+    ``suffixes``), its folder, a folder or file of the wrong kind already there."""
     path = Path(path)
-    _suffix(path)
+    _suffix(path, suffixes)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise ResultError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
