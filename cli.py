@@ -247,11 +247,9 @@ def drift(
     if level is Level.model:
         from precisionlab.studies.model_drift import model_drift as study
 
-        if backend is Backend.triton or dynamics is not Dynamics.trained:
-            fail("--backend triton and --dynamics apply to --level layer (a whole model "
-                 "runs the torch engine on its own inputs)")
-        for key in ("dynamics", "backend"):
-            opts.pop(key)
+        if dynamics is not Dynamics.trained:
+            fail("--dynamics applies to --level layer (a whole model decodes its own inputs)")
+        opts.pop("dynamics")
         opts.update(layers=layers, prompt=prompt, dtype=dtype.value)
     else:
         from precisionlab.studies import drift as study

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from precisionlab.engine import BACKENDS, EngineError, resolve_backend
 from precisionlab.kinds import ring_dtype_of
 from precisionlab.metrics import growth_exponent
 from precisionlab.models import HybridModel, ModelError, open_model
@@ -65,6 +66,7 @@ def model_drift(
     seed: int = 0,
     ring_dtype: str = "bf16",
     device: str = "auto",
+    backend: str = "auto",
     layers: int | None = None,
     prompt: str | os.PathLike | None = None,
     dtype: str = "fp32",
@@ -79,6 +81,9 @@ def model_drift(
     layers) or a :class:`~precisionlab.models.HybridModel`.  ``prompt``: None for
     ``prompt_tokens`` seeded token ids per sequence, or a text file tokenized with the
     checkpoint's tokenizer.  ``steps`` decode steps follow the prompt (default 256).
+    ``backend``: ``"torch"`` runs the designs in emulation, ``"triton"`` on the fused
+    kernels (CUDA only), ``"auto"`` picks the kernels on CUDA (as the layer-level study
+    does); the reference is the fp64 torch step either way.
 
     Per step (dims design, format, window, step; batch means unless stated):
     ``rel_err`` / ``rel_err_max`` (relative L2 error of the logits, mean / max over
@@ -104,8 +109,15 @@ def model_drift(
             raise ModelStudyError(f"layers must be a positive number of SSM layers, got {layers}")
         ring_dtype_of(ring_dtype)
         dtype_of(dtype)
+        if backend not in BACKENDS:
+            raise ModelStudyError(f"unknown backend {backend!r}; choose one of "
+                                  f"{', '.join(BACKENDS)}")
         configs = build_designs(designs, formats, windows, checkpoint_format)
         hm = open_model(model, layers=layers, seed=seed, device=device, dtype=dtype)
+        try:
+            be = resolve_backend(backend, hm.device)
+        except EngineError as exc:
+            raise ModelStudyError(str(exc)) from None
         ids, prompt_desc = prompt_ids(hm, prompt, batch=batch, prompt_tokens=prompt_tokens,
                                       seed=seed)
     except ModelStudyError:
@@ -125,7 +137,8 @@ def model_drift(
     index = [(designs.index(d.kind), formats.index(d.read_format), windows.index(d.window))
              for d in configs]
     b = batch
-    with DesignDecode(hm, configs, batch=b, ring_dtype=ring_dtype, seed=seed) as dd:
+    with DesignDecode(hm, configs, batch=b, ring_dtype=ring_dtype, seed=seed,
+                      backend=be) as dd:
         logits = dd.prefill(ids)
         token = logits[:b].argmax(-1)
         for t in range(n_steps):
@@ -227,7 +240,7 @@ def model_drift(
         "ring_dtype": ring_dtype,
         "model_dtype": {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(hm.dtype, str(hm.dtype)),
         "dynamics": "model",
-        "backend": "torch",
+        "backend": be,
         "device": device_name(hm.device),
         **{f"version_{k}": v for k, v in versions().items()},
         "version_transformers": transformers.__version__,
@@ -236,7 +249,7 @@ def model_drift(
             model=hm.name if isinstance(model, HybridModel) else str(model),
             formats=formats, designs=designs, windows=windows,
             checkpoint_format=checkpoint_format, steps=steps, batch=batch, seed=seed,
-            ring_dtype=ring_dtype, device=device, layers=layers,
+            ring_dtype=ring_dtype, device=device, backend=backend, layers=layers,
             prompt=None if prompt is None else str(prompt), dtype=dtype,
             prompt_tokens=prompt_tokens),
     })

@@ -174,6 +174,72 @@ def test_design_rows_run_the_engine_runner(checkpoints, family):
     assert not torch.equal(outputs[-1][2:4], outputs[-1][:2])
 
 
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
+def test_design_rows_run_on_the_kernels(checkpoints, family):
+    """backend="triton": the designs' rows run on the fused kernels (CUDA, or the
+    Triton interpreter on the CPU) and give the torch backend's outputs: the first SSM
+    layer sees the same inputs under both, so its outputs differ only by the kernels'
+    summation order (fp32) or, where that moves a stochastic rounding, a little more."""
+    from precisionlab.kernels.testing import kernel_device
+
+    dev = kernel_device()
+    hm = load_checkpoint(checkpoints[family], device=dev)
+    first = hm.ssm_layers[0]
+    designs = [make_design("shared", "fp32", 3), make_design("split", "fp8-e4m3", 2),
+               make_design("split", "nvfp4", 2, "fp16-sr")]
+    ids = torch.randint(0, hm.vocab_size, (2, 5), generator=torch.Generator().manual_seed(4))
+    runs = {}
+    for backend in ("torch", "triton"):
+        outs, errs = [], []
+        with DesignDecode(hm, designs, batch=2, ring_dtype="bf16", seed=7,
+                          backend=backend) as dd:
+            token = dd.prefill(ids)[:2].argmax(-1)
+            for _ in range(5):  # flushes at steps 2 (window 3) and 1, 3 (window 2)
+                token = dd.step(token)[:2].argmax(-1)
+                outs.append(dd.outputs[first].cpu().clone())
+                errs.append(dd.ssm_out_err)
+            kinds = {type(r).__name__ for r in dd.layers[first].runners}
+        assert kinds == ({"TorchDesignRunner"} if backend == "torch" else
+                         {"TritonMamba2Design" if family == "nemotron_h" else "TritonGDNDesign"})
+        runs[backend] = torch.stack(outs), torch.stack(errs)
+    (y_t, e_t), (y_k, e_k) = runs["torch"], runs["triton"]
+    assert torch.equal(y_t[:, :2], y_k[:, :2])  # the reference rows: torch either way
+    for g in range(1, 4):
+        a, b = y_t[:, 2 * g:2 * g + 2], y_k[:, 2 * g:2 * g + 2]
+        assert ((b - a).norm() / a.norm()).item() < 1e-5, g
+    assert (e_t[:, 1:] > 1e-4).all()  # the lossy designs' errors ...
+    torch.testing.assert_close(e_k, e_t, rtol=1e-3, atol=1e-6)  # ... are the kernels' too
+    with pytest.raises(ModelError, match="unknown backend"):
+        DesignDecode(hm, designs, batch=2, backend="cuda")
+
+
+def test_model_drift_backend_choice():
+    """auto runs torch emulation on the CPU; triton there is a usage error."""
+    from precisionlab.studies.model_drift import ModelStudyError, model_drift
+
+    ds = model_drift("tiny-mamba2", "fp8-e4m3", designs="split", windows=2, steps=3, layers=1,
+                     batch=1, device="cpu")
+    assert ds.attrs["backend"] == "torch" and "backend='auto'" in ds.attrs["command"]
+    with pytest.raises(ModelStudyError, match="needs a CUDA device"):
+        model_drift("tiny-mamba2", "fp8-e4m3", steps=2, layers=1, device="cpu", backend="triton")
+    with pytest.raises(ModelStudyError, match="unknown backend"):
+        model_drift("tiny-mamba2", "fp8-e4m3", steps=2, layers=1, backend="jax")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the triton backend needs a CUDA GPU")
+@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-gdn"])
+def test_model_drift_is_the_same_on_both_backends(preset):
+    from precisionlab.studies.model_drift import model_drift
+
+    kw = dict(windows=(1, 4), steps=24, layers=2, batch=2, seed=2, device="cuda")
+    a = model_drift(preset, ["fp32", "fp8-e4m3", "nvfp4"], backend="torch", **kw)
+    b = model_drift(preset, ["fp32", "fp8-e4m3", "nvfp4"], backend="auto", **kw)
+    assert a.attrs["backend"] == "torch" and b.attrs["backend"] == "triton"
+    for v in ("rel_err", "ssm_out_rel_err"):
+        np.testing.assert_allclose(b[v].values, a[v].values, rtol=5e-2, atol=5e-5)
+    assert float(a["rel_err"].sel(format="nvfp4").max()) > 1e-3
+
+
 def test_model_drift_on_a_preset(tmp_path):
     from precisionlab.export import load_result, save_result
     from precisionlab.gates import check

@@ -47,11 +47,15 @@ reference consumes the inputs rounded to the ring dtype, so errors measure the
 state's storage; with
 ``ring_dtype="fp32"`` the reference is the model's exact recurrence (fp64 state).
 
+With ``backend="triton"`` each design's rows run on the fused kernels' runner
+(:func:`precisionlab.kernels.backend.make_triton_runner`: the same constructor and
+``step``, the same stored bits) instead of ``TorchDesignRunner``, so the drift is the
+real kernels' inside the real model; the reference stays the fp64 torch step.
+
 Limits: every SSM layer of one configuration uses the same design (its stochastic
 rounding seed is ``seed + 2 * layer_index``, the read copy's ``+ 1``, so layers draw
 independent bits); the prompt is exact for every configuration; decoding is one
-token per step (no speculative drafts); the torch emulation backend only (the
-Triton kernels are not used here).
+token per step (no speculative drafts).
 """
 
 from __future__ import annotations
@@ -69,6 +73,19 @@ from .adapters import MixerAdapter, ModelError, recurrent_state
 from .loading import HybridModel
 
 CACHE_KWARGS = ("cache", "past_key_values", "cache_params")  # transformers 5.x spellings
+RUNTIME_BACKENDS = ("torch", "triton")
+
+
+def design_runner_factory(backend: str):
+    """The class (or factory) that runs one design's rows: torch emulation or the
+    fused Triton kernels (CUDA, or the Triton interpreter on CPU tensors)."""
+    if backend == "torch":
+        return TorchDesignRunner
+    if backend == "triton":
+        from ..kernels.backend import make_triton_runner
+
+        return make_triton_runner
+    raise ModelError(f"unknown backend {backend!r}; choose one of {', '.join(RUNTIME_BACKENDS)}")
 
 
 def rows(inp: Any, sl: slice) -> Any:
@@ -87,7 +104,7 @@ class _LayerRun:
     """One SSM layer's reference state and design runners."""
 
     def __init__(self, idx: int, hm: HybridModel, designs: Sequence[Design], batch: int,
-                 ring_dtype: torch.dtype, seed: int, S0: torch.Tensor):
+                 ring_dtype: torch.dtype, seed: int, S0: torch.Tensor, runner_factory=None):
         self.idx = idx
         self.mixer = hm.mixers[idx]
         self.adapter: MixerAdapter = hm.adapter(idx)
@@ -98,8 +115,9 @@ class _LayerRun:
         self.raw_params = raw
         self.S_ref = S0[:batch].double().clone()
         self.state0 = S0[:batch].double().clone()
+        make = runner_factory or TorchDesignRunner
         self.runners = [
-            TorchDesignRunner(d, self.kind, self.params32, batch, S0.device, ring_dtype,
+            make(d, self.kind, self.params32, batch, S0.device, ring_dtype,
                               seed + 2 * idx, S0[g * batch:(g + 1) * batch].contiguous())
             for g, d in enumerate(designs, start=1)
         ]
@@ -115,11 +133,15 @@ class DesignDecode:
     that of the fresh fp32 state at flush steps (mean over layers; NaN elsewhere).
     ``record`` (decoder-layer indices) keeps the reference rows' raw SSM inputs of
     those layers, per step, in ``recorded``; ``outputs[i]`` is layer i's SSM output
-    (all rows, fp32, engine layout) of the last step.
+    (all rows, fp32, engine layout) of the last step.  ``backend``: ``"torch"`` (the
+    emulation) or ``"triton"`` (the fused kernels) runs the designs' rows.
     """
 
     def __init__(self, hm: HybridModel, designs: Sequence[Design], *, batch: int,
-                 ring_dtype: str = "bf16", seed: int = 0, record: Iterable[int] = ()):
+                 ring_dtype: str = "bf16", seed: int = 0, record: Iterable[int] = (),
+                 backend: str = "torch"):
+        self.runner_factory = design_runner_factory(backend)
+        self.backend = backend
         self.hm, self.designs, self.batch = hm, list(designs), int(batch)
         self.groups = 1 + len(self.designs)
         self.rows = self.groups * self.batch
@@ -210,7 +232,7 @@ class DesignDecode:
                 raise ModelError(f"layer {idx} kept no recurrent state after the prompt")
             S0 = self.hm.adapter(idx).state_to_engine(S).float().contiguous()
             self.layers[idx] = _LayerRun(idx, self.hm, self.designs, self.batch,
-                                         self.ring_dtype, self.seed, S0)
+                                         self.ring_dtype, self.seed, S0, self.runner_factory)
         return logits.repeat(self.groups, 1)
 
     @torch.inference_mode()
