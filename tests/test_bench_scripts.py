@@ -90,6 +90,13 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("probe_nvfp4_encode.py", [], "--out is required unless --check-only"),
     ("probe_nvfp4_encode.py", ["--sources", "fp8"], "invalid choice"),
     ("probe_nvfp4_encode.py", ["--out", "no/such/dir/x.json"], "no directory"),
+    ("time_model_drift.py", ["--steps", "1"], "--steps must be >= 2"),
+    ("time_model_drift.py", ["--layers", "0"], "--layers must be >= 1"),
+    ("time_model_drift.py", ["--out", "x.nc"], "use one of .json"),
+    ("time_model_drift.py", ["--model", "no-such-model", "--backends", "torch"],
+     "unknown model"),
+    ("time_model_drift.py", ["--model", "tiny-gdn", "--backends", "triton", "--device", "cpu"],
+     "needs a CUDA device"),
 ])
 def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
     r = run(script, *args, tmp=tmp_path)
@@ -247,3 +254,19 @@ for rel in (False, True):
     assert r.returncode == 0, r.stderr[-2000:]
     counts = dict(line.split() for line in r.stdout.split("\n") if line)
     assert counts["False"] == "0" and int(counts["True"]) >= 5, r.stdout
+
+
+def test_time_model_drift_writes_its_timings(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "t.json"
+    r = run("time_model_drift.py", "--model", "tiny-mamba2", "--layers", "1", "--steps", "3",
+            "--window", "2", "--backends", "torch", "--device", "cpu", "--out", str(out),
+            tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())["runs"]["torch"]
+    for run_ in (res["cold"], res["warm"]):
+        assert run_["backend"] == "torch" and run_["step_ms"] > 0
+        assert run_["total_s"] >= run_["before_first_step_s"] > 0
+        assert set(run_["final_rel_err"]) == {"shared/nvfp4/L2", "split/nvfp4/L2"}
+        assert all(v > 0 for v in run_["final_rel_err"].values())
