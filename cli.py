@@ -111,8 +111,11 @@ def guarded(fn: Callable[[], object]) -> object:
 def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+    # off where stderr is not a terminal: there a transient bar draws nothing but the
+    # newline it leaves on exit (a blank line before an error message or in a log)
     return Progress("[progress.description]{task.description}", BarColumn(),
-                    MofNCompleteColumn(), TimeRemainingColumn(), console=err, transient=True)
+                    MofNCompleteColumn(), TimeRemainingColumn(), console=err, transient=True,
+                    disable=not err.is_terminal)
 
 
 def _summary_table(ds, title: str) -> Table:
