@@ -186,6 +186,10 @@ def _run_study(ctx: typer.Context, study: Callable, out_path: Path | None,
     return ds
 
 
+BackendOpt = Annotated[Backend, typer.Option(
+    help="Runs the designs: torch emulation, or the fused Triton kernels (CUDA); auto takes "
+         "the kernels on CUDA.")]
+DeviceOpt = Annotated[Device, typer.Option(help="auto takes CUDA where there is a GPU.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name or trace file.")]
 FormatOpt = Annotated[list[str] | None, typer.Option(
     "--format", "-f", help="Read format (repeatable). Default: fp8-e4m3 and nvfp4.")]
@@ -225,8 +229,8 @@ def drift(
     seed: int = 0,
     dynamics: Dynamics = Dynamics.trained,
     ring_dtype: RingDtype = RingDtype.bf16,
-    backend: Backend = Backend.auto,
-    device: Device = Device.auto,
+    backend: BackendOpt = Backend.auto,
+    device: DeviceOpt = Device.auto,
     out_path: OutOpt = None,
     plot: PlotOpt = None,
     level: Annotated[Level, typer.Option(
@@ -275,8 +279,8 @@ def compare(
     seed: int = 0,
     dynamics: Dynamics = Dynamics.trained,
     ring_dtype: RingDtype = RingDtype.bf16,
-    backend: Backend = Backend.auto,
-    device: Device = Device.auto,
+    backend: BackendOpt = Backend.auto,
+    device: DeviceOpt = Device.auto,
     out_path: OutOpt = None,
     plot: PlotOpt = None,
 ) -> None:
@@ -316,8 +320,8 @@ def window_cmd(
     seed: int = 0,
     dynamics: Dynamics = Dynamics.trained,
     ring_dtype: RingDtype = RingDtype.bf16,
-    backend: Backend = Backend.auto,
-    device: Device = Device.auto,
+    backend: BackendOpt = Backend.auto,
+    device: DeviceOpt = Device.auto,
     out_path: OutOpt = None,
     plot: PlotOpt = None,
 ) -> None:
@@ -450,7 +454,7 @@ def bench(
     batch: Annotated[list[int] | None, typer.Option(help="Batch sizes (repeatable).")] = None,
     window: WindowOpt = None,
     steps: Annotated[int, typer.Option(help="Engine steps to time.")] = 64,
-    device: Device = Device.auto,
+    device: DeviceOpt = Device.auto,
     backend: Annotated[Backend, typer.Option(
         help="Engine backend to time (--what engine).")] = Backend.torch,
     out_path: Annotated[Path | None, typer.Option(
@@ -637,7 +641,7 @@ def trace_capture(
                         "default all).")] = None,
     batch: BatchOpt = 2,
     seed: int = 0,
-    device: Device = Device.auto,
+    device: DeviceOpt = Device.auto,
     dtype: ModelDtype = ModelDtype.fp32,
 ) -> None:
     """Record the per-step SSM inputs of a real decode (replay with `drift --model FILE`)."""
