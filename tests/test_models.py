@@ -204,9 +204,9 @@ def test_design_rows_run_on_the_kernels(checkpoints, family):
         runs[backend] = torch.stack(outs), torch.stack(errs)
     (y_t, e_t), (y_k, e_k) = runs["torch"], runs["triton"]
     assert torch.equal(y_t[:, :2], y_k[:, :2])  # the reference rows: torch either way
-    for g in range(1, 4):
+    for g in range(1, 4):  # fp32 to 1e-5; a lossy copy's rounding may follow an ulp
         a, b = y_t[:, 2 * g:2 * g + 2], y_k[:, 2 * g:2 * g + 2]
-        assert ((b - a).norm() / a.norm()).item() < 1e-5, g
+        assert ((b - a).norm() / a.norm()).item() < (1e-5 if g == 1 else 1e-4), g
     assert (e_t[:, 1:] > 1e-4).all()  # the lossy designs' errors ...
     torch.testing.assert_close(e_k, e_t, rtol=1e-3, atol=1e-6)  # ... are the kernels' too
     with pytest.raises(ModelError, match="unknown backend"):
