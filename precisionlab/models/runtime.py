@@ -104,7 +104,7 @@ class _LayerRun:
     """One SSM layer's reference state and design runners."""
 
     def __init__(self, idx: int, hm: HybridModel, designs: Sequence[Design], batch: int,
-                 ring_dtype: torch.dtype, seed: int, S0: torch.Tensor, runner_factory=None):
+                 ring_dtype: torch.dtype, seed: int, S0: torch.Tensor, runner_factory):
         self.idx = idx
         self.mixer = hm.mixers[idx]
         self.adapter: MixerAdapter = hm.adapter(idx)
@@ -115,10 +115,9 @@ class _LayerRun:
         self.raw_params = raw
         self.S_ref = S0[:batch].double().clone()
         self.state0 = S0[:batch].double().clone()
-        make = runner_factory or TorchDesignRunner
         self.runners = [
-            make(d, self.kind, self.params32, batch, S0.device, ring_dtype,
-                              seed + 2 * idx, S0[g * batch:(g + 1) * batch].contiguous())
+            runner_factory(d, self.kind, self.params32, batch, S0.device, ring_dtype,
+                           seed + 2 * idx, S0[g * batch:(g + 1) * batch].contiguous())
             for g, d in enumerate(designs, start=1)
         ]
 
@@ -141,7 +140,6 @@ class DesignDecode:
                  ring_dtype: str = "bf16", seed: int = 0, record: Iterable[int] = (),
                  backend: str = "torch"):
         self.runner_factory = design_runner_factory(backend)
-        self.backend = backend
         self.hm, self.designs, self.batch = hm, list(designs), int(batch)
         self.groups = 1 + len(self.designs)
         self.rows = self.groups * self.batch
