@@ -64,6 +64,7 @@ class ModelDtype(str, Enum):
 class PlotKind(str, Enum):
     curves = "curves"
     window = "window"
+    tradeoff = "tradeoff"
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
@@ -119,12 +120,18 @@ def _progress():
 
 
 def _summary_table(ds, title: str) -> Table:
-    from precisionlab.metrics import summarise
+    from precisionlab.metrics import frontier, summarise, traffic
 
     final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
+    cost = traffic(ds)
+    best = frontier(final, cost)
     model_level = "kl" in ds
-    table = Table(title=title, title_justify="left")
-    cols = ["design", "format", "window", "final", "peak", "mean", "growth"]
+    table = Table(title=title, title_justify="left",
+                  caption="B/elt: modelled bytes moved per state element per step "
+                          "(conventional fp32: 8); frontier: no other row has both less "
+                          "traffic and a lower final error", caption_justify="left")
+    cols = ["design", "format", "window", "B/elt", "final", "peak", "mean", "growth",
+            "frontier"]
     if model_level:
         cols += ["KL (mean)", "top-1 agree", "first divergence"]
     for col in cols:
@@ -133,9 +140,10 @@ def _summary_table(ds, title: str) -> Table:
         for f in ds["format"].values:
             for w in ds["window"].values:
                 sel = {"design": d, "format": f, "window": w}
-                row = [str(d), str(f), str(int(w)), f"{float(final.sel(sel)):.3e}",
-                       f"{float(peak.sel(sel)):.3e}", f"{float(mean.sel(sel)):.3e}",
-                       f"{float(ds['growth'].sel(sel)):+.2f}"]
+                row = [str(d), str(f), str(int(w)), f"{float(cost.sel(sel)):.2f}",
+                       f"{float(final.sel(sel)):.3e}", f"{float(peak.sel(sel)):.3e}",
+                       f"{float(mean.sel(sel)):.3e}", f"{float(ds['growth'].sel(sel)):+.2f}",
+                       "yes" if bool(best.sel(sel)) else ""]
                 if model_level:
                     first = float(ds["first_divergence"].sel(sel))
                     row += [f"{float(ds['kl'].sel(sel).mean()):.3e}",
@@ -339,11 +347,13 @@ def window_cmd(
 @app.command()
 def plot(
     result: Annotated[Path, typer.Argument(help="A result file (.nc, .zarr, .csv).")],
-    kind: Annotated[PlotKind, typer.Option(help="curves or window.")] = PlotKind.curves,
+    kind: Annotated[PlotKind, typer.Option(
+        help="curves: error per step; window: final error per window and format; tradeoff: "
+             "final error against modelled memory traffic.")] = PlotKind.curves,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="PNG to write.")] = Path(
         "drift.png"),
 ) -> None:
-    """Draw a result: drift curves or the window map."""
+    """Draw a result: drift curves, the window map, or the error / traffic trade-off."""
     from precisionlab.export import load_result
     from precisionlab.plots import save_plot
 

@@ -26,6 +26,8 @@ import torch
 from . import formats
 from .kinds import LayerKind
 
+CONVENTIONAL_FP32_BYTES = 8.0  # an fp32 state read and written every step
+
 
 class DesignError(ValueError):
     """A design that cannot be built (unknown name, bad window, bad format)."""
@@ -43,6 +45,20 @@ class Design:
     read_format: str
     window: int
     checkpoint_format: str
+
+    def bytes_per_step(self, matrix: tuple[int, int] | None = None) -> float:
+        """Modelled memory traffic: bytes moved per state element per decode step,
+        averaged over the window.  Output steps read the read copy; a flush reads and
+        writes the checkpoint (and writes a split read copy), so shared moves
+        ``f (L + 1) / L`` and split ``r + 2 c / L``, with the formats' bytes per element
+        (scales included, for a ``matrix`` of (rows, cols); default 128 x 128).  The
+        ring's few percent are left out.  Conventional fp32 decoding moves
+        :data:`CONVENTIONAL_FP32_BYTES`."""
+        L = self.window
+        r = formats.get(self.read_format).bits_per_element(matrix) / 8
+        if self.kind == "shared":
+            return r * (L + 1) / L
+        return r + 2 * formats.get(self.checkpoint_format).bits_per_element(matrix) / 8 / L
 
     @property
     def label(self) -> str:

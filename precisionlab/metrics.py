@@ -68,3 +68,62 @@ def summarise(ds: xr.Dataset, at: str | int = "final", var: str = "rel_err") -> 
     if not 0 <= step < ds.sizes["step"]:
         raise ValueError(f"step {step} is outside the result's 0..{ds.sizes['step'] - 1}")
     return err.sel(step=step)
+
+
+def state_matrix(ds: xr.Dataset) -> tuple[int, int] | None:
+    """The (rows, cols) of one head's state matrix, from a result's ``dim_*``
+    attributes (Mamba-2: headdim x dstate; GDN: V x K); None if they are missing."""
+    a = ds.attrs
+    for rows, cols in (("dim_headdim", "dim_dstate"), ("dim_V", "dim_K")):
+        if rows in a and cols in a:
+            return int(a[rows]), int(a[cols])
+    return None
+
+
+TRAFFIC_ATTRS = {
+    "long_name": "modelled bytes moved per state element per decode step (window mean)",
+    "units": "byte",
+    "note": "DESIGN performance model: output steps read the read copy; a flush reads and "
+            "writes the checkpoint and writes a split read copy; scales included, ring left "
+            "out; conventional fp32 decoding moves 8",
+}
+
+
+def traffic(ds: xr.Dataset) -> xr.DataArray:
+    """Modelled bytes per state element per decode step of each configuration
+    (:meth:`precisionlab.designs.Design.bytes_per_step`): the result's
+    ``bytes_per_step`` where it has one, else computed from its coordinates and its
+    ``checkpoint_format`` attribute."""
+    if "bytes_per_step" in ds:
+        return ds["bytes_per_step"]
+    from .designs import make_design
+
+    matrix = state_matrix(ds)
+    ckpt = str(ds.attrs.get("checkpoint_format", "fp32"))
+    dims = ("design", "format", "window")
+    out = np.empty([ds.sizes[d] for d in dims])
+    for i, kind in enumerate(ds["design"].values):
+        for j, fmt in enumerate(ds["format"].values):
+            for k, w in enumerate(ds["window"].values):
+                try:
+                    design = make_design(str(kind), str(fmt), int(w), ckpt)
+                except (KeyError, ValueError) as exc:
+                    raise ValueError(f"cannot model the traffic of {kind} {fmt} (L={int(w)}): "
+                                     f"{exc}") from None
+                out[i, j, k] = design.bytes_per_step(matrix)
+    return xr.DataArray(out, dims=dims, coords={d: ds[d] for d in dims},
+                        attrs=dict(TRAFFIC_ATTRS))
+
+
+def frontier(err: xr.DataArray, cost: xr.DataArray) -> xr.DataArray:
+    """True for configurations no other configuration beats on both ``err`` and
+    ``cost`` (at most equal on both, lower on one); NaN errors are never on it."""
+    e, c = xr.broadcast(err, cost)
+    ev, cv = e.values.ravel(), c.values.ravel()
+    ok = np.isfinite(ev) & np.isfinite(cv)
+    le = (ev[None, :] <= ev[:, None]) & (cv[None, :] <= cv[:, None])
+    lt = (ev[None, :] < ev[:, None]) | (cv[None, :] < cv[:, None])
+    dominated = (le & lt & ok[None, :]).any(axis=1)
+    out = (ok & ~dominated).reshape(e.shape)
+    return xr.DataArray(out, dims=e.dims, coords=e.coords,
+                        attrs={"long_name": "on the error / traffic frontier"})

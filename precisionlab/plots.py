@@ -14,9 +14,10 @@ import seaborn as sns  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from .atomic import atomic_path  # noqa: E402
-from .metrics import output_steps, summarise  # noqa: E402
+from .designs import CONVENTIONAL_FP32_BYTES  # noqa: E402
+from .metrics import frontier, output_steps, summarise, traffic  # noqa: E402
 
-PLOT_KINDS = ("curves", "window")
+PLOT_KINDS = ("curves", "window", "tradeoff")
 
 
 class PlotError(ValueError):
@@ -98,6 +99,55 @@ def window_figure(ds: xr.Dataset) -> plt.Figure:
     return fig
 
 
+def tradeoff_figure(ds: xr.Dataset) -> plt.Figure:
+    """Final error against modelled memory traffic, one point per (design, format,
+    window) (hue = format, style = design, labelled with L), the frontier of
+    configurations no other beats on both drawn through them; the top axis gives the
+    traffic as a modelled speed-up over conventional fp32 decoding."""
+    try:
+        cost = traffic(ds)
+    except ValueError as exc:
+        raise PlotError(str(exc)) from None
+    final = summarise(ds, "final")
+    best = frontier(final, cost)
+    df = xr.Dataset({"bytes": cost, "final": final, "frontier": best}).to_dataframe()
+    df = df.reset_index()
+    df = df[np.isfinite(df["final"]) & (df["final"] > 0)]
+    if df.empty:
+        raise PlotError("no configuration has a positive final error to place on a log axis")
+    fig, ax = plt.subplots(figsize=(7.2, 4.8))
+    line = df[df["frontier"]].sort_values("bytes")
+    ax.plot(line["bytes"], line["final"], ls="--", lw=1, color="0.55", zorder=1,
+            label="frontier")
+    sns.scatterplot(data=df, x="bytes", y="final", hue="format", style="design", s=70,
+                    ax=ax, zorder=2)
+    for row in df.itertuples():
+        ax.annotate(f"L={int(row.window)}", (row.bytes, row.final), textcoords="offset points",
+                    xytext=(5, 4), fontsize=7, color="0.3")
+    ax.axvline(CONVENTIONAL_FP32_BYTES, ls=":", lw=1, color="0.4")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    lo = min(float(df["bytes"].min()), CONVENTIONAL_FP32_BYTES) / 1.3
+    ax.set_xlim(lo, max(float(df["bytes"].max()), CONVENTIONAL_FP32_BYTES) * 1.3)
+    ax.set_xlabel("modelled bytes per state element per step (dotted: conventional fp32)")
+    ax.set_ylabel("final relative output error")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    top = ax.secondary_xaxis("top", functions=(_speedup, _speedup))
+    top.set_xticks([8 / b for b in (0.25, 0.5, 1, 2, 4, 8, 16)])
+    top.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    top.set_xlabel("modelled speed-up over conventional fp32 (8 / bytes)", fontsize=8)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(_wrapped_title("Drift against memory traffic", ds), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _speedup(x):
+    """8 / x (its own inverse), safe at 0 for the secondary axis."""
+    x = np.asarray(x, dtype=float)
+    return CONVENTIONAL_FP32_BYTES / np.where(x > 0, x, np.inf)
+
+
 def check_plot_path(path: str | os.PathLike) -> Path:
     """``path`` if a PNG figure can be written there, else a PlotError (the command line
     checks it before a study runs)."""
@@ -111,11 +161,13 @@ def check_plot_path(path: str | os.PathLike) -> Path:
 
 
 def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves") -> Path:
-    """Draw ``kind`` ('curves' or 'window') and write it to ``path`` (PNG), atomically."""
+    """Draw ``kind`` ('curves', 'window' or 'tradeoff') and write it to ``path`` (PNG),
+    atomically."""
     if kind not in PLOT_KINDS:
         raise PlotError(f"unknown plot kind {kind!r}; choose one of {', '.join(PLOT_KINDS)}")
     path = check_plot_path(path)
-    fig = curves_figure(ds) if kind == "curves" else window_figure(ds)
+    draw = {"curves": curves_figure, "window": window_figure, "tradeoff": tradeoff_figure}
+    fig = draw[kind](ds)
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=130, format="png")

@@ -13,7 +13,7 @@ import xarray as xr
 from precisionlab import __version__, engine
 from precisionlab.designs import DESIGN_KINDS, Design, make_design
 from precisionlab.kinds import ring_dtype_of
-from precisionlab.metrics import growth_exponent, is_flush_step
+from precisionlab.metrics import growth_exponent, is_flush_step, traffic
 from precisionlab.traces import DYNAMICS, SavedTrace, Trace, TraceError, open_trace
 
 DEFAULT_STEPS = 2048
@@ -110,7 +110,8 @@ def drift(
     ``rel_err_max`` (max over the batch), ``abs_err_max``, ``state_rel_err``
     (relative error of the fresh fp32 state at flush steps, NaN elsewhere) and
     ``growth`` (slope of log error vs log step over output steps: ~0 flat,
-    ~0.5 random walk).
+    ~0.5 random walk) and ``bytes_per_step`` (the design's modelled memory traffic
+    per state element, :meth:`precisionlab.designs.Design.bytes_per_step`).
     """
     designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
     try:
@@ -180,6 +181,7 @@ def drift(
                                         steps=steps, batch=batch, seed=seed, dynamics=dynamics,
                                         ring_dtype=ring_dtype, backend=backend, device=device),
     })
+    ds["bytes_per_step"] = traffic(ds)
     return ds
 
 

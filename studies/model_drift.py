@@ -20,7 +20,7 @@ import xarray as xr
 
 from precisionlab.engine import BACKENDS, EngineError, resolve_backend
 from precisionlab.kinds import ring_dtype_of
-from precisionlab.metrics import growth_exponent
+from precisionlab.metrics import growth_exponent, traffic
 from precisionlab.models import HybridModel, ModelError, open_model
 from precisionlab.models.loading import dtype_of
 from precisionlab.models.prompts import DEFAULT_PROMPT_TOKENS, prompt_ids
@@ -96,7 +96,9 @@ def model_drift(
     Per configuration: ``first_divergence`` (first step where a sequence's greedy
     token differs from the reference's, earliest over the batch; NaN if none),
     ``kl_run_mean``, ``top1_run_rate``, ``dlogp_run_mean``, ``dlogp_run_p95`` (over all
-    steps and sequences) and ``growth`` (as in the drift study, from ``rel_err``).
+    steps and sequences), ``growth`` (as in the drift study, from ``rel_err``) and
+    ``bytes_per_step`` (modelled memory traffic per state element, as in the drift
+    study).
     """
     designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
     n_steps = DEFAULT_MODEL_STEPS if steps is None else int(steps)
@@ -253,6 +255,7 @@ def model_drift(
             prompt=None if prompt is None else str(prompt), dtype=dtype,
             prompt_tokens=prompt_tokens),
     })
+    ds["bytes_per_step"] = traffic(ds)
     return ds
 
 

@@ -28,6 +28,7 @@ def result_file(tmp_path_factory) -> Path:
                "cpu", "--out", str(path))
     assert r.exit_code == 0, r.output
     assert "shared" in r.output and "split" in r.output and "growth" in r.output
+    assert "B/elt" in r.output and "frontier" in r.output
     assert f"wrote {path}" in r.output
     return path
 
@@ -42,8 +43,8 @@ def test_drift_writes_a_self_describing_result(result_file):
     assert float(ds["rel_err"].isel(step=-1).min()) > 0
 
 
-def test_plot_both_kinds(result_file, tmp_path):
-    for kind in ("curves", "window"):
+def test_plot_every_kind(result_file, tmp_path):
+    for kind in ("curves", "window", "tradeoff"):
         png = tmp_path / f"{kind}.png"
         r = invoke("plot", str(result_file), "--kind", kind, "--out", str(png))
         assert r.exit_code == 0, r.output
@@ -257,3 +258,16 @@ def test_model_level_drift_and_capture(tmp_path):
     assert d.exit_code == 0, d.output
     bad = invoke("drift", "--level", "model", "--model", str(tmp_path / "no-such-ckpt"))
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_tradeoff_plot_of_a_result_it_cannot_model_is_one_line_exit_2(result_file, tmp_path):
+    """A result whose format this installation does not know (a plug-in's, say) and
+    that carries no traffic of its own cannot be placed on the traffic axis."""
+    ds = xr.load_dataset(result_file, engine="h5netcdf").drop_vars("bytes_per_step")
+    odd = tmp_path / "odd.nc"
+    ds.assign_coords(format=["fp8-e4m3", "no-such-format"]).to_netcdf(odd, engine="h5netcdf")
+    png = tmp_path / "t.png"
+    r = invoke("plot", str(odd), "--kind", "tradeoff", "--out", str(png))
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: cannot model the traffic") and r.output.count("\n") == 1
+    assert not png.exists()

@@ -185,3 +185,31 @@ def test_a_split_read_copy_encodes_the_stored_checkpoint() -> None:
             assert torch.equal(read, formats.get(rd).quantize(stored, seed=6, step=7))
             direct = formats.get(rd).quantize(S, seed=6, step=7)
             assert torch.equal(read, direct) == (ck == "fp32"), (ck, rd)
+
+
+@pytest.mark.parametrize(("design", "matrix", "expected"), [
+    (shared("fp32", 1), None, 8.0),                      # conventional decoding
+    (shared("fp32", 16), None, 4 + 4 / 16),              # DESIGN: replay fp32
+    (split("fp32", "fp8-e4m3", 16), None, (15 * 1 + 4 + 4 + 1) / 16 + 4 / 128),  # + row scale
+    (split("fp16-sr", "nvfp4", 16), None, 0.5625 + 4 / 16 + 4 / (128 * 128)),
+    (split("fp16-sr", "nvfp4", 16), (80, 128), 0.5625 + 4 / 16 + 4 / (80 * 128)),
+    (shared("bf16-sr", 4), None, 2 * 5 / 4),
+    (split("fp32", "mxfp4", 1), None, 0.5 + 1 / 32 + 8),  # every step a flush
+])
+def test_bytes_per_step_follows_the_performance_model(design, matrix, expected):
+    assert design.bytes_per_step(matrix) == pytest.approx(expected, rel=1e-12)
+
+
+def test_bytes_per_step_falls_with_the_window_and_the_read_format():
+    assert shared("fp32", 1).bytes_per_step() == engine_conventional_bytes()
+    by_window = [split("fp32", "fp8-e4m3", w).bytes_per_step() for w in (1, 4, 16, 64)]
+    assert by_window == sorted(by_window, reverse=True)
+    by_format = [split("fp32", f, 16).bytes_per_step() for f in ("fp32", "bf16", "fp8-e4m3",
+                                                                   "nvfp4")]
+    assert by_format == sorted(by_format, reverse=True)
+
+
+def engine_conventional_bytes() -> float:
+    from precisionlab.designs import CONVENTIONAL_FP32_BYTES
+
+    return CONVENTIONAL_FP32_BYTES

@@ -131,3 +131,35 @@ def test_bench_mamba2_small_batches_run_the_library_defaults() -> None:
     tuned = {**untuned, "conventional@small": (8, 2)}
     assert config_at("conventional", 1, 96, tuned) == (8, 2)
     assert config_at("conventional", 64, 96, tuned) == (16, 4)  # 6144 rows: not small
+
+
+def test_results_carry_each_designs_modelled_traffic(ds):
+    from precisionlab.designs import make_design
+    from precisionlab.metrics import state_matrix, traffic
+
+    assert ds["bytes_per_step"].dims == ("design", "format", "window")
+    matrix = state_matrix(ds)
+    assert matrix == (ds.attrs["dim_V"], ds.attrs["dim_K"])
+    for d in ds["design"].values:
+        for f in ds["format"].values:
+            for w in ds["window"].values:
+                want = make_design(str(d), str(f), int(w)).bytes_per_step(matrix)
+                got = float(ds["bytes_per_step"].sel(design=d, format=f, window=w))
+                assert got == pytest.approx(want, rel=1e-12)
+    # a result written before the variable existed gets the same figures from its attrs
+    xr.testing.assert_allclose(traffic(ds.drop_vars("bytes_per_step")), ds["bytes_per_step"])
+    unknown = ds.drop_vars("bytes_per_step").assign_coords(format=["fp8-e4m3", "no-such"])
+    with pytest.raises(ValueError, match="cannot model the traffic"):
+        traffic(unknown)
+
+
+def test_frontier_keeps_the_configurations_nothing_beats_on_both():
+    from precisionlab.metrics import frontier
+
+    err = xr.DataArray([0.1, 0.05, 0.2, 0.05, np.nan, 0.3], dims="c")
+    cost = xr.DataArray([1.0, 2.0, 1.0, 3.0, 0.1, 0.5], dims="c")
+    # 0: best at cost 1; 1: lower error at cost 2; 2: beaten by 0; 3: beaten by 1
+    # (same error, more traffic); 4: no error; 5: least traffic among the finite ones
+    assert frontier(err, cost).values.tolist() == [True, True, False, False, False, True]
+    ties = frontier(xr.DataArray([0.1, 0.1], dims="c"), xr.DataArray([1.0, 1.0], dims="c"))
+    assert ties.values.tolist() == [True, True]
