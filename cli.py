@@ -364,6 +364,13 @@ def plot(
 def gate(
     result: Annotated[Path, typer.Argument(help="A result file (.nc, .zarr, .csv).")],
     max_rel_err: Annotated[float | None, typer.Option(help="Bound on the error.")] = None,
+    metric: Annotated[str, typer.Option(
+        help="Per-step variable to gate: rel_err, or at the model level kl, dlogp_mean, "
+             "dlogp_p95, top1_agree, ssm_out_rel_err, ...")] = "rel_err",
+    max_value: Annotated[float | None, typer.Option(
+        "--max", help="Upper bound on --metric.")] = None,
+    min_value: Annotated[float | None, typer.Option(
+        "--min", help="Lower bound on --metric (for top1_agree).")] = None,
     at: Annotated[str, typer.Option(help="final, max, mean or a step index.")] = "final",
     where: Annotated[list[str] | None, typer.Option(
         help="Select configurations, KEY=VALUE (design, format, window); repeatable.")] = None,
@@ -387,7 +394,8 @@ def gate(
         ds = load_result(result)
         base = load_result(baseline) if baseline is not None else None
         checks = gates.check(ds, max_rel_err=max_rel_err, at=at_value,
-                             where=gates.parse_where(where), baseline=base, rtol=rtol)
+                             where=gates.parse_where(where), baseline=base, rtol=rtol,
+                             var=metric, max_value=max_value, min_value=min_value)
         if junit is not None:
             gates.write_junit(checks, junit, at_value)
         return checks
@@ -395,8 +403,7 @@ def gate(
     checks = guarded(run)
     for c in checks:
         mark = "[green]PASS[/]" if c.passed else "[bold red]FAIL[/]"
-        out.print(f"{mark} " + escape(f"{c.name}: rel_err[{at}] = {c.value:.4g} (limit "
-                                      f"{c.limit:.4g}: {c.reason})"), highlight=False)
+        out.print(f"{mark} " + escape(f"{c.name}: {c.verdict(at)}"), highlight=False)
     failed = sum(not c.passed for c in checks)
     out.print(f"{len(checks) - failed} passed, {failed} failed")
     raise typer.Exit(1 if failed else 0)

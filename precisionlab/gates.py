@@ -1,5 +1,5 @@
-"""CI gates on drift results: every selected configuration's error must stay under
-a bound and/or within a tolerance of a baseline result."""
+"""CI gates on drift results: every selected configuration's metric (by default the
+output error) must stay within a bound and/or a tolerance of a baseline result."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from .atomic import atomic_path
 from .metrics import summarise
 
 CONFIG_DIMS = ("design", "format", "window")
+# per-step metrics where more is better (bounded from below); every other one is an
+# error or a divergence, bounded from above
+HIGHER_IS_BETTER = frozenset({"top1_agree"})
 
 
 class GateError(ValueError):
@@ -30,6 +33,13 @@ class GateCheck:
     limit: float
     passed: bool
     reason: str
+    metric: str = "rel_err"
+    at_least: bool = False  # the limit is a lower bound
+
+    def verdict(self, at: str | int) -> str:
+        """``"kl[final] = 0.012 (limit 0.01: bound 0.01)"``."""
+        return (f"{self.metric}[{at}] = {self.value:.4g} (limit {self.limit:.4g}"
+                f"{' from below' if self.at_least else ''}: {self.reason})")
 
     @property
     def name(self) -> str:
@@ -65,6 +75,13 @@ def _select(da: xr.DataArray, where: dict[str, list[str]]) -> xr.DataArray:
     return da
 
 
+def step_metrics(ds: xr.Dataset) -> list[str]:
+    """The result's per-step variables a gate can bound (``state_rel_err`` is left
+    out: it exists on flush steps only)."""
+    return [str(v) for v in ds.data_vars
+            if ds[v].dims == (*CONFIG_DIMS, "step") and v != "state_rel_err"]
+
+
 def check(
     ds: xr.Dataset,
     *,
@@ -74,16 +91,40 @@ def check(
     baseline: xr.Dataset | None = None,
     rtol: float = 0.1,
     var: str = "rel_err",
+    max_value: float | None = None,
+    min_value: float | None = None,
 ) -> list[GateCheck]:
-    """Evaluate the gate; one :class:`GateCheck` per selected configuration."""
-    if max_rel_err is None and baseline is None:
-        raise GateError("give a bound (--max-rel-err) or a baseline (--baseline), or both")
-    if max_rel_err is not None and not (np.isfinite(max_rel_err) and max_rel_err >= 0):
-        raise GateError(f"--max-rel-err must be a finite number >= 0, got {max_rel_err:g}")
-    if not (np.isfinite(rtol) and rtol >= 0):
-        raise GateError(f"--rtol must be a finite number >= 0, got {rtol:g}")
+    """Evaluate the gate; one :class:`GateCheck` per selected configuration.
+
+    ``var`` is the per-step metric (default ``rel_err``; a model-level result also
+    has ``kl``, ``dlogp_mean``, ``dlogp_p95``, ``top1_agree``, ``ssm_out_rel_err``),
+    summarised by ``at``.  Lower-is-better metrics take an upper bound (``max_value``,
+    or ``max_rel_err`` for ``rel_err``) and pass a baseline when at most
+    ``baseline x (1 + rtol)``; ``top1_agree`` takes a lower bound (``min_value``) and
+    passes a baseline when at least ``baseline x (1 - rtol)``."""
     if var not in ds.data_vars:
         raise GateError(f"the result has no variable {var!r}")
+    if var not in step_metrics(ds):
+        raise GateError(f"--metric must be a per-step variable of the result "
+                        f"({', '.join(step_metrics(ds))}), got {var!r}")
+    if max_rel_err is not None:
+        if var != "rel_err" or max_value is not None:
+            raise GateError("--max-rel-err bounds rel_err; bound other metrics with --max")
+        max_value = max_rel_err
+    higher = var in HIGHER_IS_BETTER
+    wrong = max_value if higher else min_value
+    if wrong is not None:
+        raise GateError(f"{var}: {'more' if higher else 'less'} is better, so bound it with "
+                        f"{'--min' if higher else '--max'}")
+    bound = min_value if higher else max_value
+    if bound is None and baseline is None:
+        flag = "--min" if higher else ("--max-rel-err" if var == "rel_err" else "--max")
+        raise GateError(f"give a bound ({flag}) or a baseline (--baseline), or both")
+    if bound is not None and not (np.isfinite(bound) and bound >= 0):
+        flag = "--min" if higher else ("--max-rel-err" if max_rel_err is not None else "--max")
+        raise GateError(f"{flag} must be a finite number >= 0, got {bound:g}")
+    if not (np.isfinite(rtol) and rtol >= 0):
+        raise GateError(f"--rtol must be a finite number >= 0, got {rtol:g}")
     try:
         value = _select(summarise(ds, at, var), where or {})
         base = None if baseline is None else summarise(baseline, at, var)
@@ -97,19 +138,19 @@ def check(
         cfg = {d: _plain(stacked[d].values[i]) for d in CONFIG_DIMS}
         v = float(stacked.values[i])
         limits, reasons = [], []
-        if max_rel_err is not None:
-            limits.append(max_rel_err)
-            reasons.append(f"bound {max_rel_err:.3g}")
+        if bound is not None:
+            limits.append(bound)
+            reasons.append(f"bound {bound:.3g}")
         if base is not None:
             try:
                 b = float(base.sel(cfg))
             except KeyError:
                 raise GateError(f"the baseline has no configuration {cfg}") from None
-            limits.append(b * (1 + rtol))
-            reasons.append(f"baseline {b:.3g} x (1 + {rtol:g})")
-        limit = min(limits)
-        ok = bool(np.isfinite(v) and v <= limit)
-        checks.append(GateCheck(cfg, v, limit, ok, " and ".join(reasons)))
+            limits.append(b * (1 - rtol) if higher else b * (1 + rtol))
+            reasons.append(f"baseline {b:.3g} x (1 {'-' if higher else '+'} {rtol:g})")
+        limit = max(limits) if higher else min(limits)
+        ok = bool(np.isfinite(v) and (v >= limit if higher else v <= limit))
+        checks.append(GateCheck(cfg, v, limit, ok, " and ".join(reasons), var, higher))
     return checks
 
 
@@ -126,7 +167,7 @@ def write_junit(checks: list[GateCheck], path: str | os.PathLike, at: str | int)
     for c in checks:
         case = ET.SubElement(suite, "testcase", classname="precisionlab.gate", name=c.name)
         if not c.passed:
-            message = f"rel_err[{at}] {c.value:.4g} > {c.limit:.4g}"
+            message = f"{c.metric}[{at}] {c.value:.4g} {'<' if c.at_least else '>'} {c.limit:.4g}"
             f = ET.SubElement(case, "failure", message=message)
             f.text = c.reason
     parent = path.parent if str(path.parent) else Path(".")

@@ -18,12 +18,16 @@ def assert_drift(
     where: dict[str, str | list[str]] | None = None,
     baseline: xr.Dataset | str | os.PathLike | None = None,
     rtol: float = 0.1,
+    metric: str = "rel_err",
+    max_value: float | None = None,
+    min_value: float | None = None,
 ) -> None:
     """Fail with one line per offending configuration if the gate does not pass.
 
     The Python twin of ``precisionlab gate``: ``where`` selects configurations
     (``{"design": "split", "format": ["nvfp4", "fp8-e4m3"]}``), ``at`` is 'final',
-    'max', 'mean' or a step index.
+    'max', 'mean' or a step index; ``metric`` with ``max_value`` / ``min_value`` gates
+    another per-step variable (``kl``, ``top1_agree``, ...).
     """
     ds = result if isinstance(result, xr.Dataset) else load_result(result)
     base = baseline if baseline is None or isinstance(baseline, xr.Dataset) else load_result(
@@ -31,8 +35,8 @@ def assert_drift(
     sel = {k: [str(x) for x in (v if isinstance(v, list | tuple) else [v])]
            for k, v in (where or {}).items()}
     failed = [c for c in check(ds, max_rel_err=max_rel_err, at=at, where=sel, baseline=base,
-                               rtol=rtol) if not c.passed]
+                               rtol=rtol, var=metric, max_value=max_value,
+                               min_value=min_value) if not c.passed]
     if failed:
-        lines = [f"{c.name}: rel_err[{at}] = {c.value:.4g} > {c.limit:.4g} ({c.reason})"
-                 for c in failed]
+        lines = [f"{c.name}: {c.verdict(at)}" for c in failed]
         raise AssertionError("drift gate failed:\n" + "\n".join(lines))

@@ -63,6 +63,22 @@ def test_gate_pass_and_fail(result_file, tmp_path):
     assert "0 passed, 2 failed" in bad.output and "FAIL" in bad.output
 
 
+def test_gate_another_metric(result_file, tmp_path):
+    """--metric picks the per-step variable; its direction decides --max or --min."""
+    ds = xr.load_dataset(result_file, engine="h5netcdf")
+    ds["top1_agree"] = xr.ones_like(ds["rel_err"])
+    path = tmp_path / "m.nc"
+    ds.to_netcdf(path, engine="h5netcdf")
+    ok = invoke("gate", str(path), "--metric", "top1_agree", "--min", "0.99")
+    assert ok.exit_code == 0, ok.output
+    assert "top1_agree[final] = 1 (limit 0.99 from below" in ok.output
+    bad = invoke("gate", str(path), "--metric", "rel_err_max", "--max", "1e-9")
+    assert bad.exit_code == 1 and "rel_err_max[final]" in bad.output
+    wrong = invoke("gate", str(path), "--metric", "top1_agree", "--max", "0.5")
+    assert wrong.exit_code == 2 and wrong.output.startswith("error: top1_agree: more is better")
+    assert wrong.output.count("\n") == 1
+
+
 def test_gate_against_a_baseline(result_file):
     same = invoke("gate", str(result_file), "--baseline", str(result_file), "--rtol", "0")
     assert same.exit_code == 0, same.output
@@ -90,6 +106,11 @@ def test_gate_against_a_baseline(result_file):
         (["gate", "RESULT", "--max-rel-err", "1", "--where", "window=abc"],
          "--where window needs a whole number"),
         (["gate", "RESULT", "--max-rel-err", "nan"], "--max-rel-err must be a finite number"),
+        (["gate", "RESULT", "--metric", "kl", "--max", "1"], "no variable 'kl'"),
+        (["gate", "RESULT", "--metric", "growth", "--max", "1"], "per-step variable"),
+        (["gate", "RESULT", "--metric", "rel_err_max"], "give a bound (--max)"),
+        (["gate", "RESULT", "--metric", "rel_err_max", "--max-rel-err", "1"],
+         "--max-rel-err bounds rel_err"),
         (["gate", "RESULT", "--baseline", "RESULT", "--rtol", "-0.5"], "--rtol must be"),
         (["plot", "RESULT", "--out", "x.jpg"], "PNG"),
         (["drift", "--model", "tiny-gdn", "--steps", "8", "--plot", "r.nc"], "PNG"),

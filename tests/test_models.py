@@ -274,6 +274,13 @@ def test_model_drift_on_a_preset(tmp_path):
     assert np.isfinite(st[3::4]).all() and np.isnan(st[0::4]).all()
     # gate, plot and export read it like a drift result
     assert len(check(ds, max_rel_err=1.0)) == 8
+    exact_kl = check(ds, var="kl", max_value=1e-9, where={"format": ["fp32"]})
+    assert len(exact_kl) == 4 and all(c.passed for c in exact_kl)
+    assert not all(c.passed for c in check(ds, var="kl", max_value=1e-9))
+    assert all(c.passed for c in check(ds, var="top1_agree", min_value=1.0,
+                                       where={"format": ["fp32"]}))
+    # the model-level traffic is the layer shapes' (qwen-like GDN: V x K state matrices)
+    assert float(ds["bytes_per_step"].sel(design="shared", format="fp32", window=1)) == 8.0
     save_plot(ds, tmp_path / "c.png")
     save_plot(ds, tmp_path / "w.png", "window")
     save_result(ds, tmp_path / "r.nc")

@@ -1,0 +1,77 @@
+"""Gates on any per-step metric of a result, with the right direction per metric."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from precisionlab.gates import GateError, check
+from precisionlab.testing import assert_drift
+
+DIMS = ("design", "format", "window", "step")
+
+
+@pytest.fixture()
+def ds() -> xr.Dataset:
+    """A two-configuration model-level-like result with known summaries: the last
+    step is the whole 'final' window (5% of 10 steps, at least the window of 1)."""
+    coords = {"design": ["shared", "split"], "format": ["nvfp4"], "window": [1],
+              "step": np.arange(10)}
+    ones = np.ones((2, 1, 1, 10))
+    kl = ones * np.array([0.02, 0.001])[:, None, None, None]
+    top1 = ones * np.array([0.9, 1.0])[:, None, None, None]
+    return xr.Dataset({"rel_err": (DIMS, ones * 0.1), "kl": (DIMS, kl),
+                       "top1_agree": (DIMS, top1), "state_rel_err": (DIMS, ones * np.nan),
+                       "growth": (DIMS[:-1], np.zeros((2, 1, 1)))}, coords=coords)
+
+
+def verdicts(checks) -> dict[str, bool]:
+    return {c.config["design"]: c.passed for c in checks}
+
+
+def test_an_upper_bound_on_kl_and_a_lower_bound_on_top1(ds):
+    assert verdicts(check(ds, var="kl", max_value=0.01)) == {"shared": False, "split": True}
+    assert verdicts(check(ds, var="top1_agree", min_value=0.95)) == {"shared": False,
+                                                                   "split": True}
+    c = check(ds, var="top1_agree", min_value=0.95)[0]
+    assert c.at_least and c.verdict("final").startswith("top1_agree[final] = 0.9 (limit 0.95 "
+                                                        "from below")
+
+
+def test_a_baseline_tolerance_points_the_metrics_way(ds):
+    worse = ds.copy(deep=True)
+    worse["kl"] = ds["kl"] * 1.5
+    worse["top1_agree"] = ds["top1_agree"] * 0.8
+    assert verdicts(check(worse, var="kl", baseline=ds, rtol=0.6)) == {"shared": True,
+                                                                      "split": True}
+    assert verdicts(check(worse, var="kl", baseline=ds, rtol=0.4)) == {"shared": False,
+                                                                      "split": False}
+    assert verdicts(check(worse, var="top1_agree", baseline=ds, rtol=0.25)) == {
+        "shared": True, "split": True}
+    assert verdicts(check(worse, var="top1_agree", baseline=ds, rtol=0.1)) == {
+        "shared": False, "split": False}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"var": "top1_agree", "max_value": 0.9}, "more is better, so bound it with --min"),
+    ({"var": "kl", "min_value": 0.1}, "less is better, so bound it with --max"),
+    ({"var": "kl", "max_rel_err": 0.1}, "--max-rel-err bounds rel_err"),
+    ({"var": "kl"}, r"give a bound \(--max\)"),
+    ({"var": "top1_agree"}, r"give a bound \(--min\)"),
+    ({"var": "growth", "max_value": 1.0}, "per-step variable of the result "
+                                         r"\(rel_err, kl, top1_agree\)"),
+    ({"var": "state_rel_err", "max_value": 1.0}, "per-step variable"),
+    ({"var": "nope", "max_value": 1.0}, "no variable 'nope'"),
+    ({"var": "kl", "max_value": -1.0}, "--max must be a finite number"),
+])
+def test_bad_gates_are_refused(ds, kwargs, message):
+    with pytest.raises(GateError, match=message):
+        check(ds, **kwargs)
+
+
+def test_assert_drift_gates_other_metrics(ds):
+    assert_drift(ds, metric="kl", max_value=0.05)
+    offender = r"design=shared format=nvfp4 window=1: kl\[final\] = 0.02 \(limit 0.01"
+    with pytest.raises(AssertionError, match=offender):
+        assert_drift(ds, metric="kl", max_value=0.01)
