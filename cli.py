@@ -208,13 +208,18 @@ OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", help="Result file: .nc, .zarr or .csv. Default: drift-<model>.nc")]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Also write a PNG figure.")]
 
+CheckpointOpt = Annotated[list[str] | None, typer.Option(
+    help="Split designs' checkpoint (repeatable: one split design per format, named "
+         "split-<format>). Default: fp32.")]
+
 DEFAULT_FORMATS = ["fp8-e4m3", "nvfp4"]
 
 
 def _study_options(model, formats, windows, checkpoint_format, steps, batch, seed, dynamics,
                    ring_dtype, backend, device) -> dict:
     return dict(model=model, formats=formats or DEFAULT_FORMATS, windows=windows or [16],
-                checkpoint_format=checkpoint_format, steps=steps, batch=batch, seed=seed,
+                checkpoint_format=checkpoint_format or ["fp32"], steps=steps, batch=batch,
+                seed=seed,
                 dynamics=dynamics.value, ring_dtype=ring_dtype.value, backend=backend.value,
                 device=device.value)
 
@@ -231,7 +236,7 @@ def drift(
     design: Annotated[list[str] | None, typer.Option(
         "--design", "-d", help="shared and/or split (repeatable).")] = None,
     window: WindowOpt = None,
-    checkpoint_format: Annotated[str, typer.Option(help="Split designs' checkpoint.")] = "fp32",
+    checkpoint_format: CheckpointOpt = None,
     steps: StepsOpt = 1024,
     batch: BatchOpt = 2,
     seed: int = 0,
@@ -281,7 +286,7 @@ def compare(
     model: ModelOpt = "nemotron-3-nano-4b",
     format: FormatOpt = None,
     window: WindowOpt = None,
-    checkpoint_format: Annotated[str, typer.Option(help="Split designs' checkpoint.")] = "fp32",
+    checkpoint_format: CheckpointOpt = None,
     steps: StepsOpt = 1024,
     batch: BatchOpt = 2,
     seed: int = 0,
@@ -322,7 +327,7 @@ def window_cmd(
     window: Annotated[list[int] | None, typer.Option(
         "--window", "-L", help="Windows to sweep. Default: 1 4 8 16 32 64.")] = None,
     design: Annotated[list[str] | None, typer.Option("--design", "-d")] = None,
-    checkpoint_format: Annotated[str, typer.Option(help="Split designs' checkpoint.")] = "fp32",
+    checkpoint_format: CheckpointOpt = None,
     steps: StepsOpt = 1024,
     batch: BatchOpt = 2,
     seed: int = 0,

@@ -102,11 +102,13 @@ def traffic(ds: xr.Dataset) -> xr.DataArray:
     ckpt = str(ds.attrs.get("checkpoint_format", "fp32"))
     dims = ("design", "format", "window")
     out = np.empty([ds.sizes[d] for d in dims])
-    for i, kind in enumerate(ds["design"].values):
+    for i, label in enumerate(ds["design"].values):
+        # "split-fp16-sr": a split design of a result with several checkpoint formats
+        kind, _, own = str(label).partition("-")
         for j, fmt in enumerate(ds["format"].values):
             for k, w in enumerate(ds["window"].values):
                 try:
-                    design = make_design(str(kind), str(fmt), int(w), ckpt)
+                    design = make_design(kind, str(fmt), int(w), own or ckpt)
                 except (KeyError, ValueError) as exc:
                     raise ValueError(f"cannot model the traffic of {kind} {fmt} (L={int(w)}): "
                                      f"{exc}") from None

@@ -8,7 +8,7 @@ import xarray as xr
 
 from precisionlab.metrics import output_steps, summarise
 
-from .drift import drift
+from .drift import StudyError, drift
 
 
 def compare(
@@ -22,6 +22,10 @@ def compare(
     ``final_ratio`` (the same on the 'final' summary).  Ratios above 1 mean the
     split design drifts less."""
     kwargs.pop("designs", None)
+    checkpoints = kwargs.get("checkpoint_format", "fp32")
+    if not isinstance(checkpoints, str) and len(set(checkpoints)) > 1:
+        raise StudyError("compare pairs shared with one split design: give one checkpoint "
+                         "format (drift and window take several)")
     ds = drift(model, formats, designs=("shared", "split"), windows=windows, **kwargs)
     err = output_steps(ds)
     ds["ratio"] = err.sel(design="shared", drop=True) / err.sel(design="split", drop=True)

@@ -30,19 +30,44 @@ def _as_list(x: str | int | Sequence) -> list:
 
 
 def build_designs(
-    designs: Sequence[str], formats: Sequence[str], windows: Sequence[int], checkpoint_format: str
+    designs: Sequence[str], formats: Sequence[str], windows: Sequence[int],
+    checkpoint_format: str | Sequence[str] = "fp32",
 ) -> list[Design]:
-    """All (design, format, window) combinations, validated."""
-    if not designs or not formats or not windows:
-        raise StudyError("give at least one design, one format and one window")
+    """All (design, format, window) combinations, validated; a split design once per
+    checkpoint format."""
+    checkpoints = _as_list(checkpoint_format)
+    if not designs or not formats or not windows or not checkpoints:
+        raise StudyError("give at least one design, one format, one window and one "
+                         "checkpoint format")
     out = []
     for kind in designs:
         if kind not in DESIGN_KINDS:
             raise StudyError(f"unknown design {kind!r}; choose from {', '.join(DESIGN_KINDS)}")
-        for fmt in formats:
-            for w in windows:
-                out.append(make_design(kind, fmt, int(w), checkpoint_format))
+        for ckpt in checkpoints if kind == "split" else checkpoints[:1]:
+            for fmt in formats:
+                for w in windows:
+                    out.append(make_design(kind, fmt, int(w), ckpt))
     return out
+
+
+def design_labels(designs: Sequence[str], checkpoint_format: str | Sequence[str]) -> list[str]:
+    """The result's ``design`` coordinate: ``shared``, and ``split`` for one checkpoint
+    format or ``split-<checkpoint>`` (``split-fp16-sr``, ...) for each of several."""
+    checkpoints = _as_list(checkpoint_format)
+    out = []
+    for kind in designs:
+        if kind == "split" and len(checkpoints) > 1:
+            out += [f"split-{c}" for c in checkpoints]
+        else:
+            out.append(kind)
+    return out
+
+
+def design_label(design: Design, several_checkpoints: bool) -> str:
+    """``design``'s entry in :func:`design_labels`."""
+    if design.kind == "split" and several_checkpoints:
+        return f"split-{design.checkpoint_format}"
+    return design.kind
 
 
 def versions() -> dict[str, str]:
@@ -91,7 +116,7 @@ def drift(
     formats: str | Sequence[str],
     designs: str | Sequence[str] = ("shared", "split"),
     windows: int | Sequence[int] = (16,),
-    checkpoint_format: str = "fp32",
+    checkpoint_format: str | Sequence[str] = "fp32",
     steps: int | None = None,
     batch: int = DEFAULT_BATCH,
     seed: int = 0,
@@ -105,8 +130,10 @@ def drift(
     """Run the drift study and return its Dataset.
 
     ``model`` is a preset name (synthetic trace) or a trace file.  Dimensions:
-    ``design``, ``format``, ``window``, ``step``.  Variables: ``rel_err`` (relative
-    L2 error of the outputs against the fp64 reference, mean over the batch),
+    ``design``, ``format``, ``window``, ``step``; with several checkpoint formats the
+    split design appears once per format (``split-fp32``, ``split-fp16-sr``, ...).
+    Variables: ``rel_err`` (relative L2 error of the outputs against the fp64
+    reference, mean over the batch),
     ``rel_err_max`` (max over the batch), ``abs_err_max``, ``state_rel_err``
     (relative error of the fresh fp32 state at flush steps, NaN elsewhere) and
     ``growth`` (slope of log error vs log step over output steps: ~0 flat,
@@ -114,9 +141,10 @@ def drift(
     per state element, :meth:`precisionlab.designs.Design.bytes_per_step`).
     """
     designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
+    checkpoints = _as_list(checkpoint_format)
     try:
         ring_dtype_of(ring_dtype)
-        configs = build_designs(designs, formats, windows, checkpoint_format)
+        configs = build_designs(designs, formats, windows, checkpoints)
     except (ValueError, KeyError) as exc:
         raise StudyError(str(exc)) from None
     trace = open_model(model, steps=steps, batch=batch, seed=seed, dynamics=dynamics)
@@ -127,13 +155,14 @@ def drift(
         raise StudyError(str(exc)) from None
 
     n_steps = trace.steps
-    shape = (len(designs), len(formats), len(windows), n_steps)
+    labels = design_labels(designs, checkpoints)
+    shape = (len(labels), len(formats), len(windows), n_steps)
     rel = np.full(shape, np.nan)
     rel_max = np.full(shape, np.nan)
     abs_max = np.full(shape, np.nan)
     state = np.full(shape, np.nan)
-    index = [(designs.index(d.kind), formats.index(d.read_format), windows.index(d.window))
-             for d in configs]
+    index = [(labels.index(design_label(d, len(checkpoints) > 1)),
+              formats.index(d.read_format), windows.index(d.window)) for d in configs]
     for m in engine.run(trace, configs, device=str(dev), backend=be, ring_dtype=ring_dtype,
                         seed=seed):
         t = m.step
@@ -146,7 +175,7 @@ def drift(
             progress(t + 1, n_steps)
 
     dims = ("design", "format", "window", "step")
-    coords = {"design": designs, "format": formats, "window": [int(w) for w in windows],
+    coords = {"design": labels, "format": formats, "window": [int(w) for w in windows],
               "step": np.arange(n_steps)}
     ds = xr.Dataset(
         {
@@ -170,7 +199,7 @@ def drift(
         "seed": seed,
         "batch": trace.batch,
         "steps": n_steps,
-        "checkpoint_format": checkpoint_format,
+        "checkpoint_format": ",".join(checkpoints),
         "ring_dtype": ring_dtype,
         "dynamics": getattr(trace, "dynamics", "trace"),
         "backend": be,
@@ -190,4 +219,4 @@ def _api_call(name: str, **kwargs) -> str:
     return f"precisionlab.{name}({args})"
 
 
-__all__ = ["drift", "build_designs", "StudyError", "is_flush_step"]
+__all__ = ["drift", "build_designs", "design_labels", "StudyError", "is_flush_step"]

@@ -33,6 +33,8 @@ from .drift import (
     _api_call,
     _as_list,
     build_designs,
+    design_label,
+    design_labels,
     device_name,
     versions,
 )
@@ -60,7 +62,7 @@ def model_drift(
     formats: str | Sequence[str],
     designs: str | Sequence[str] = ("shared", "split"),
     windows: int | Sequence[int] = (16,),
-    checkpoint_format: str = "fp32",
+    checkpoint_format: str | Sequence[str] = "fp32",
     steps: int | None = None,
     batch: int = DEFAULT_BATCH,
     seed: int = 0,
@@ -101,6 +103,8 @@ def model_drift(
     study).
     """
     designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
+    checkpoints = _as_list(checkpoint_format)
+    labels = design_labels(designs, checkpoints)
     n_steps = DEFAULT_MODEL_STEPS if steps is None else int(steps)
     try:
         if n_steps < 1:
@@ -114,7 +118,7 @@ def model_drift(
         if backend not in BACKENDS:
             raise ModelStudyError(f"unknown backend {backend!r}; choose one of "
                                   f"{', '.join(BACKENDS)}")
-        configs = build_designs(designs, formats, windows, checkpoint_format)
+        configs = build_designs(designs, formats, windows, checkpoints)
         hm = open_model(model, layers=layers, seed=seed, device=device, dtype=dtype)
         try:
             be = resolve_backend(backend, hm.device)
@@ -128,7 +132,7 @@ def model_drift(
         raise ModelStudyError(str(exc).strip("'\"") if isinstance(exc, KeyError)
                               else str(exc)) from None
 
-    shape = (len(designs), len(formats), len(windows), n_steps)
+    shape = (len(labels), len(formats), len(windows), n_steps)
     names = ("rel_err", "rel_err_max", "kl", "top1_agree", "dlogp_mean", "dlogp_p95",
              "ssm_out_rel_err", "state_rel_err")
     arr = {k: np.full(shape, np.nan) for k in names}
@@ -136,8 +140,8 @@ def model_drift(
     first_div = np.full((len(configs), batch), np.nan)
     runs: dict[str, list[list[np.ndarray]]] = {k: [[] for _ in configs]
                                                for k in ("kl", "top1", "dlogp")}
-    index = [(designs.index(d.kind), formats.index(d.read_format), windows.index(d.window))
-             for d in configs]
+    index = [(labels.index(design_label(d, len(checkpoints) > 1)),
+              formats.index(d.read_format), windows.index(d.window)) for d in configs]
     b = batch
     with DesignDecode(hm, configs, batch=b, ring_dtype=ring_dtype, seed=seed,
                       backend=be) as dd:
@@ -181,7 +185,7 @@ def model_drift(
         "ssm_out_rel_err": "relative L2 error of the SSM layer outputs (mean over layers, batch)",
         "state_rel_err": "relative L2 state error at flush steps (mean over layers, batch)",
     }
-    coords = {"design": designs, "format": formats, "window": [int(w) for w in windows],
+    coords = {"design": labels, "format": formats, "window": [int(w) for w in windows],
               "step": np.arange(n_steps)}
     ds = xr.Dataset({k: (dims, arr[k], {"long_name": long[k]}) for k in names}, coords=coords)
 
@@ -238,7 +242,7 @@ def model_drift(
         "seed": seed,
         "batch": batch,
         "steps": n_steps,
-        "checkpoint_format": checkpoint_format,
+        "checkpoint_format": ",".join(checkpoints),
         "ring_dtype": ring_dtype,
         "model_dtype": {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(hm.dtype, str(hm.dtype)),
         "dynamics": "model",

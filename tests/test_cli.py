@@ -63,6 +63,20 @@ def test_gate_pass_and_fail(result_file, tmp_path):
     assert "0 passed, 2 failed" in bad.output and "FAIL" in bad.output
 
 
+def test_several_checkpoint_formats(tmp_path):
+    path = tmp_path / "ck.nc"
+    r = invoke("drift", "--model", "tiny-mamba2", "--format", "nvfp4", "--steps", "32",
+               "--checkpoint-format", "fp32", "--checkpoint-format", "fp16-sr", "--device", "cpu",
+               "--out", str(path))
+    assert r.exit_code == 0, r.output
+    assert "split-fp32" in r.output and "split-fp16-sr" in r.output
+    ds = xr.load_dataset(path, engine="h5netcdf")
+    assert ds["design"].values.tolist() == ["shared", "split-fp32", "split-fp16-sr"]
+    assert "--checkpoint-format fp32 --checkpoint-format fp16-sr" in ds.attrs["command"]
+    g = invoke("gate", str(path), "--where", "design=split-fp16-sr", "--max-rel-err", "10")
+    assert g.exit_code == 0 and "1 passed, 0 failed" in g.output, g.output
+
+
 def test_gate_another_metric(result_file, tmp_path):
     """--metric picks the per-step variable; its direction decides --max or --min."""
     ds = xr.load_dataset(result_file, engine="h5netcdf")
@@ -106,6 +120,10 @@ def test_gate_against_a_baseline(result_file):
         (["gate", "RESULT", "--max-rel-err", "1", "--where", "window=abc"],
          "--where window needs a whole number"),
         (["gate", "RESULT", "--max-rel-err", "nan"], "--max-rel-err must be a finite number"),
+        (["drift", "--model", "tiny-gdn", "--checkpoint-format", "fp32", "--checkpoint-format",
+          "fp7"], "unknown format"),
+        (["compare", "--model", "tiny-gdn", "--steps", "8", "--checkpoint-format", "fp32",
+          "--checkpoint-format", "fp16-sr"], "give one checkpoint format"),
         (["gate", "RESULT", "--metric", "kl", "--max", "1"], "no variable 'kl'"),
         (["gate", "RESULT", "--metric", "growth", "--max", "1"], "per-step variable"),
         (["gate", "RESULT", "--metric", "rel_err_max"], "give a bound (--max)"),

@@ -281,6 +281,12 @@ def test_model_drift_on_a_preset(tmp_path):
                                        where={"format": ["fp32"]}))
     # the model-level traffic is the layer shapes' (qwen-like GDN: V x K state matrices)
     assert float(ds["bytes_per_step"].sel(design="shared", format="fp32", window=1)) == 8.0
+    two = model_drift("tiny-gdn", "nvfp4", designs="split", windows=4, steps=4, layers=1,
+                      checkpoint_format=["fp32", "fp16-sr"])
+    assert two["design"].values.tolist() == ["split-fp32", "split-fp16-sr"]
+    assert np.isfinite(two["rel_err"]).all() and two.attrs["checkpoint_format"] == "fp32,fp16-sr"
+    cost = two["bytes_per_step"].sel(format="nvfp4", window=4)
+    assert float(cost.sel(design="split-fp16-sr")) < float(cost.sel(design="split-fp32"))
     save_plot(ds, tmp_path / "c.png")
     save_plot(ds, tmp_path / "w.png", "window")
     save_result(ds, tmp_path / "r.nc")

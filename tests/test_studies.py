@@ -163,3 +163,29 @@ def test_frontier_keeps_the_configurations_nothing_beats_on_both():
     assert frontier(err, cost).values.tolist() == [True, True, False, False, False, True]
     ties = frontier(xr.DataArray([0.1, 0.1], dims="c"), xr.DataArray([1.0, 1.0], dims="c"))
     assert ties.values.tolist() == [True, True]
+
+
+def test_several_checkpoint_formats_make_one_split_design_each(ds):
+    from precisionlab.designs import make_design
+    from precisionlab.metrics import state_matrix, traffic
+
+    many = precisionlab.drift("tiny-gdn", ["fp8-e4m3", "nvfp4"], windows=[4, 16], steps=128,
+                              batch=2, device="cpu", checkpoint_format=["fp32", "bf16-sr"])
+    assert many["design"].values.tolist() == ["shared", "split-fp32", "split-bf16-sr"]
+    assert many.attrs["checkpoint_format"] == "fp32,bf16-sr"
+    # the same configurations as a run with the one checkpoint format
+    for label, kind in (("shared", "shared"), ("split-fp32", "split")):
+        np.testing.assert_array_equal(many["rel_err"].sel(design=label).values,
+                                      ds["rel_err"].sel(design=kind).values)
+    bf16 = many["rel_err"].sel(design="split-bf16-sr")
+    assert not np.array_equal(bf16.values, ds["rel_err"].sel(design="split").values)
+    assert float(bf16.isel(step=-1).max()) < 1.0
+    want = make_design("split", "nvfp4", 16, "bf16-sr").bytes_per_step(state_matrix(many))
+    got = many["bytes_per_step"].sel(design="split-bf16-sr", format="nvfp4", window=16)
+    assert float(got) == pytest.approx(want, rel=1e-12)
+    xr.testing.assert_allclose(traffic(many.drop_vars("bytes_per_step")),
+                               many["bytes_per_step"])
+    with pytest.raises(precisionlab.studies.StudyError, match="one checkpoint format"):
+        precisionlab.compare("tiny-gdn", "nvfp4", steps=8, checkpoint_format=["fp32", "fp16-sr"])
+    with pytest.raises(precisionlab.studies.StudyError, match="one checkpoint format"):
+        precisionlab.drift("tiny-gdn", "nvfp4", steps=8, checkpoint_format=[])
