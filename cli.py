@@ -4,6 +4,7 @@ model presets and GPU benchmarks."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from enum import Enum
@@ -79,7 +80,8 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     from precisionlab.traces import TraceError
 
     return (StudyError, DesignError, EngineError, TraceError, FormatError, UnknownFormatError,
-            UnknownModelError, export.ResultError, plots.PlotError, gates.GateError, ModelError)
+            UnknownModelError, export.ResultError, plots.PlotError, gates.GateError, ModelError,
+            ResultSummaryError)
 
 
 def fail(message: str, code: int = USAGE_EXIT) -> None:
@@ -120,11 +122,9 @@ def _progress():
 
 
 def _summary_table(ds, title: str) -> Table:
-    from precisionlab.metrics import frontier, summarise, traffic
+    from precisionlab.metrics import summary_records
 
-    final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
-    cost = traffic(ds)
-    best = frontier(final, cost)
+    rows = summary_records(ds)
     model_level = "kl" in ds
     table = Table(title=title, title_justify="left",
                   caption="B/elt: modelled bytes moved per state element per step "
@@ -136,21 +136,34 @@ def _summary_table(ds, title: str) -> Table:
         cols += ["KL (mean)", "top-1 agree", "first divergence"]
     for col in cols:
         table.add_column(col, justify="right" if col not in ("design", "format") else "left")
-    for d in ds["design"].values:
-        for f in ds["format"].values:
-            for w in ds["window"].values:
-                sel = {"design": d, "format": f, "window": w}
-                row = [str(d), str(f), str(int(w)), f"{float(cost.sel(sel)):.2f}",
-                       f"{float(final.sel(sel)):.3e}", f"{float(peak.sel(sel)):.3e}",
-                       f"{float(mean.sel(sel)):.3e}", f"{float(ds['growth'].sel(sel)):+.2f}",
-                       "yes" if bool(best.sel(sel)) else ""]
-                if model_level:
-                    first = float(ds["first_divergence"].sel(sel))
-                    row += [f"{float(ds['kl'].sel(sel).mean()):.3e}",
-                            f"{float(ds['top1_agree'].sel(sel).mean()):.3f}",
-                            "never" if first != first else str(int(first))]
-                table.add_row(*row)
+    for r in rows:
+        cells = [r["design"], r["format"], str(r["window"]), f"{r['bytes_per_step']:.2f}",
+                 f"{r['final']:.3e}", f"{r['peak']:.3e}", f"{r['mean']:.3e}",
+                 f"{r['growth']:+.2f}", "yes" if r["frontier"] else ""]
+        if model_level:
+            first = r["first_divergence"]
+            cells += [f"{r['kl_mean']:.3e}", f"{r['top1_agree_mean']:.3f}",
+                      "never" if first is None else str(first)]
+        table.add_row(*cells)
     return table
+
+
+def _ratio_table(ds) -> Table:
+    """A compare result's shared / split ratio of final errors per format and window."""
+    table = Table(title="shared / split final error (above 1: split drifts less)",
+                  title_justify="left")
+    for col in ("format", "window", "ratio"):
+        table.add_column(col)
+    for f in ds["format"].values:
+        for w in ds["window"].values:
+            r = float(ds["final_ratio"].sel(format=f, window=w))
+            table.add_row(str(f), str(int(w)), f"{r:.2f}")
+    return table
+
+
+def _table_title(ds) -> str:
+    return (f"{ds.attrs.get('title', 'precisionlab result')} — {ds.attrs.get('steps', '?')} "
+            f"steps, batch {ds.attrs.get('batch', '?')}, relative output error")
 
 
 def command_line(ctx: typer.Context) -> str:
@@ -185,8 +198,7 @@ def _run_study(ctx: typer.Context, study: Callable, out_path: Path | None,
             progress.update(task, completed=done, total=total)
 
         ds = study(progress=tick, command=command_line(ctx), **kwargs)
-    out.print(_summary_table(ds, f"{ds.attrs['title']} — {ds.attrs['steps']} steps, "
-                                 f"batch {ds.attrs['batch']}, relative output error"))
+    out.print(_summary_table(ds, _table_title(ds)))
     if out_path is not None:
         out.print(f"wrote {save_result(ds, out_path)}")
     if plot_path is not None:
@@ -306,15 +318,7 @@ def compare(
     def run():
         ds = _run_study(ctx, study, out_path or _default_out(model, "compare"), plot, "curves",
                         **opts)
-        table = Table(title="shared / split final error (above 1: split drifts less)",
-                      title_justify="left")
-        for col in ("format", "window", "ratio"):
-            table.add_column(col)
-        for f in ds["format"].values:
-            for w in ds["window"].values:
-                r = float(ds["final_ratio"].sel(format=f, window=w))
-                table.add_row(str(f), str(int(w)), f"{r:.2f}")
-        out.print(table)
+        out.print(_ratio_table(ds))
 
     guarded(run)
 
@@ -363,6 +367,67 @@ def plot(
     from precisionlab.plots import save_plot
 
     guarded(lambda: out.print(f"wrote {save_plot(load_result(result), out_path, kind.value)}"))
+
+
+SHOWN_ATTRS = ("model", "kind", "trace", "weights", "steps", "batch", "seed",
+               "checkpoint_format", "ring_dtype", "dynamics", "backend", "device",
+               "version_precisionlab", "command")
+
+
+@app.command()
+def show(
+    result: Annotated[Path, typer.Argument(help="A result file (.nc, .zarr, .csv).")],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print where it came from and one record per configuration as "
+                       "JSON.")] = False,
+) -> None:
+    """Print a saved result's summary table and where it came from."""
+    from precisionlab.export import load_result
+    from precisionlab.metrics import summary_records
+
+    def run():
+        ds = load_result(result)
+        try:
+            return ds, summary_records(ds)
+        except (KeyError, ValueError) as exc:
+            raise ResultSummaryError(f"cannot summarise {str(result)!r}: {exc}") from None
+
+    ds, rows = guarded(run)
+    about = {k: _plain(ds.attrs[k]) for k in SHOWN_ATTRS if k in ds.attrs}
+    ratios = ds["final_ratio"] if "final_ratio" in ds else None
+    if as_json:
+        doc = {"result": str(result), **about, "configurations": rows}
+        if ratios is not None:
+            doc["shared_over_split"] = [
+                {"format": str(f), "window": int(w),
+                 "final_ratio": float(ratios.sel(format=f, window=w))}
+                for f in ds["format"].values for w in ds["window"].values]
+        print(json.dumps(_json_ready(doc), indent=2))
+        return
+    for k, v in about.items():
+        out.print(escape(f"{k}: {v}"), highlight=False)
+    out.print(_summary_table(ds, _table_title(ds)))
+    if ratios is not None:
+        out.print(_ratio_table(ds))
+
+
+def _plain(value):
+    """A numpy scalar attribute as the Python number it holds (others unchanged)."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
+
+
+def _json_ready(obj):
+    """``obj`` with numpy scalars as Python numbers and NaN / inf as null (strict JSON)."""
+    if isinstance(obj, dict):
+        return {k: _json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_ready(v) for v in obj]
+    obj = _plain(obj)
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
+
+
+class ResultSummaryError(ValueError):
+    """A result file without the variables a summary needs."""
 
 
 @app.command()

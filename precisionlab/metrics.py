@@ -129,3 +129,30 @@ def frontier(err: xr.DataArray, cost: xr.DataArray) -> xr.DataArray:
     out = (ok & ~dominated).reshape(e.shape)
     return xr.DataArray(out, dims=e.dims, coords=e.coords,
                         attrs={"long_name": "on the error / traffic frontier"})
+
+
+def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
+    """One plain record per configuration, as the study tables print them: design,
+    format, window, bytes_per_step, final, peak and mean error, growth, frontier, and at
+    the model level kl_mean, top1_agree_mean and first_divergence (None: never)."""
+    final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
+    cost = traffic(ds)
+    best = frontier(final, cost)
+    model_level = "kl" in ds
+    rows = []
+    for d in ds["design"].values:
+        for f in ds["format"].values:
+            for w in ds["window"].values:
+                sel = {"design": d, "format": f, "window": w}
+                row: dict[str, object] = {
+                    "design": str(d), "format": str(f), "window": int(w),
+                    "bytes_per_step": float(cost.sel(sel)), "final": float(final.sel(sel)),
+                    "peak": float(peak.sel(sel)), "mean": float(mean.sel(sel)),
+                    "growth": float(ds["growth"].sel(sel)), "frontier": bool(best.sel(sel))}
+                if model_level:
+                    first = float(ds["first_divergence"].sel(sel))
+                    row.update(kl_mean=float(ds["kl"].sel(sel).mean()),
+                               top1_agree_mean=float(ds["top1_agree"].sel(sel).mean()),
+                               first_divergence=None if first != first else int(first))
+                rows.append(row)
+    return rows

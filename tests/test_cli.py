@@ -63,6 +63,47 @@ def test_gate_pass_and_fail(result_file, tmp_path):
     assert "0 passed, 2 failed" in bad.output and "FAIL" in bad.output
 
 
+def test_show_prints_a_saved_results_table_and_origin(result_file):
+    r = invoke("show", str(result_file))
+    assert r.exit_code == 0, r.output
+    assert "model: tiny-mamba2" in r.output and "command: precisionlab drift" in r.output
+    assert "B/elt" in r.output and r.output.count("│ split ") == 4
+    doc = json.loads(invoke("show", str(result_file), "--json").output)
+    assert doc["model"] == "tiny-mamba2" and doc["steps"] == 256 and doc["batch"] == 2
+    rows = doc["configurations"]
+    assert [(c["design"], c["format"], c["window"]) for c in rows][:2] == [
+        ("shared", "fp8-e4m3", 4), ("shared", "fp8-e4m3", 16)]
+    ds = xr.load_dataset(result_file, engine="h5netcdf")
+    from precisionlab.metrics import summarise
+
+    split = next(c for c in rows if c["design"] == "split" and c["format"] == "nvfp4"
+                 and c["window"] == 16)
+    sel = {"design": "split", "format": "nvfp4", "window": 16}
+    assert split["final"] == pytest.approx(float(summarise(ds, "final").sel(sel)), rel=1e-12)
+    assert split["bytes_per_step"] == pytest.approx(float(ds["bytes_per_step"].sel(sel)))
+    assert any(c["frontier"] for c in rows) and not all(c["frontier"] for c in rows)
+
+
+def test_show_of_a_compare_result_and_strict_json(tmp_path):
+    path = tmp_path / "c.nc"
+    assert invoke("compare", "--model", "tiny-gdn", "--format", "nvfp4", "--steps", "3",
+                  "--device", "cpu", "--out", str(path)).exit_code == 0
+    r = invoke("show", str(path))
+    assert r.exit_code == 0 and "shared / split final error" in r.output, r.output
+    text = invoke("show", str(path), "--json").output
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert doc["shared_over_split"][0]["format"] == "nvfp4"
+    assert doc["configurations"][0]["growth"] is None  # 3 steps: too few to fit a slope
+
+
+def test_show_of_a_file_that_is_not_a_result_is_one_line_exit_2(tmp_path):
+    path = tmp_path / "other.nc"
+    xr.Dataset({"t": ("x", [1.0, 2.0])}).to_netcdf(path, engine="h5netcdf")
+    r = invoke("show", str(path))
+    assert r.exit_code == 2 and r.output.startswith("error: cannot summarise"), r.output
+    assert r.output.count("\n") == 1
+
+
 def test_several_checkpoint_formats(tmp_path):
     path = tmp_path / "ck.nc"
     r = invoke("drift", "--model", "tiny-mamba2", "--format", "nvfp4", "--steps", "32",
@@ -125,6 +166,8 @@ def test_gate_against_a_baseline(result_file):
         (["compare", "--model", "tiny-gdn", "--steps", "8", "--checkpoint-format", "fp32",
           "--checkpoint-format", "fp16-sr"], "give one checkpoint format"),
         (["gate", "RESULT", "--metric", "kl", "--max", "1"], "no variable 'kl'"),
+        (["show", "missing.nc"], "not found"),
+        (["show", "RESULT.txt"], "cannot tell the file type"),
         (["gate", "RESULT", "--metric", "growth", "--max", "1"], "per-step variable"),
         (["gate", "RESULT", "--metric", "rel_err_max"], "give a bound (--max)"),
         (["gate", "RESULT", "--metric", "rel_err_max", "--max-rel-err", "1"],
@@ -176,7 +219,8 @@ def test_bad_input_is_one_line_and_exit_2(args, message, result_file, tmp_path, 
 
         if torch.cuda.is_available():
             pytest.skip("a CUDA device is present")
-    args = [str(result_file) if a == "RESULT" else a for a in args]
+    args = [str(result_file) if a == "RESULT" else a.replace("RESULT", str(result_file))
+            for a in args]
     r = invoke(*args)
     assert r.exit_code == 2, r.output
     assert message in r.output
