@@ -5,7 +5,8 @@ read copy, replayed over a window L?
 Notebook API: ``precisionlab.drift``, ``precisionlab.compare``,
 ``precisionlab.window_sweep``, ``precisionlab.model_drift`` (studies returning
 ``xarray.Dataset``), ``precisionlab.capture_trace``,
-``precisionlab.save_result`` / ``load_result``, ``precisionlab.plot``.
+``precisionlab.save_result`` / ``load_result``, ``precisionlab.plot``,
+``precisionlab.summary`` (a result's table as a DataFrame).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _LAZY = {
     "save_result": ("precisionlab.export", "save_result"),
     "load_result": ("precisionlab.export", "load_result"),
     "plot": ("precisionlab.plots", "save_plot"),
+    "summary": ("precisionlab.metrics", "summary"),
     "model_drift": ("precisionlab.studies.model_drift", "model_drift"),
     "capture_trace": ("precisionlab.models.capture", "capture_trace"),
 }

@@ -156,3 +156,11 @@ def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
                                first_divergence=None if first != first else int(first))
                 rows.append(row)
     return rows
+
+
+def summary(ds: xr.Dataset):
+    """:func:`summary_records` as a ``pandas.DataFrame`` indexed by (design, format,
+    window): the study table of a result, for notebooks."""
+    import pandas as pd
+
+    return pd.DataFrame(summary_records(ds)).set_index(["design", "format", "window"])

@@ -189,3 +189,15 @@ def test_several_checkpoint_formats_make_one_split_design_each(ds):
         precisionlab.compare("tiny-gdn", "nvfp4", steps=8, checkpoint_format=["fp32", "fp16-sr"])
     with pytest.raises(precisionlab.studies.StudyError, match="one checkpoint format"):
         precisionlab.drift("tiny-gdn", "nvfp4", steps=8, checkpoint_format=[])
+
+
+def test_summary_frame_is_the_study_table(ds):
+    from precisionlab.metrics import summarise
+
+    df = precisionlab.summary(ds)
+    assert df.index.names == ["design", "format", "window"] and len(df) == 8
+    assert {"bytes_per_step", "final", "peak", "mean", "growth", "frontier"} <= set(df.columns)
+    sel = {"design": "split", "format": "fp8-e4m3", "window": 4}
+    assert df.loc[("split", "fp8-e4m3", 4), "final"] == pytest.approx(
+        float(summarise(ds, "final").sel(sel)), rel=1e-12)
+    assert df["frontier"].dtype == bool and df["frontier"].any()
