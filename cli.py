@@ -243,7 +243,9 @@ def _default_out(model: str, study: str) -> Path:
 @app.command()
 def drift(
     ctx: typer.Context,
-    model: ModelOpt = "nemotron-3-nano-4b",
+    model: Annotated[str, typer.Option(
+        "--model", "-m", help="Preset name or trace file; with --level model also a local "
+                              "Hugging Face checkpoint directory.")] = "nemotron-3-nano-4b",
     format: FormatOpt = None,
     design: Annotated[list[str] | None, typer.Option(
         "--design", "-d", help="shared and/or split (repeatable).")] = None,
@@ -269,10 +271,7 @@ def drift(
     dtype: Annotated[ModelDtype, typer.Option(help="Model level: weights dtype.")] = (
         ModelDtype.fp32),
 ) -> None:
-    """Drift of each (design, format, window) against the fp64 reference.
-
-    --model takes a preset, a trace file, or (with --level model) a local Hugging Face
-    checkpoint directory."""
+    """Drift of each (design, format, window) against the fp64 reference."""
     opts = _study_options(model, format, window, checkpoint_format, steps, batch, seed, dynamics,
                           ring_dtype, backend, device)
     opts["designs"] = design or ["shared", "split"]
@@ -330,7 +329,8 @@ def window_cmd(
     format: FormatOpt = None,
     window: Annotated[list[int] | None, typer.Option(
         "--window", "-L", help="Windows to sweep. Default: 1 4 8 16 32 64.")] = None,
-    design: Annotated[list[str] | None, typer.Option("--design", "-d")] = None,
+    design: Annotated[list[str] | None, typer.Option(
+        "--design", "-d", help="shared and/or split (repeatable).")] = None,
     checkpoint_format: CheckpointOpt = None,
     steps: StepsOpt = 1024,
     batch: BatchOpt = 2,
@@ -480,7 +480,7 @@ def gate(
 
 
 @app.command()
-def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List the model presets (SSM layer shapes)."""
     from precisionlab.presets import PRESETS
 
@@ -500,7 +500,7 @@ def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 
 @app.command()
-def formats(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def formats(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List the state formats."""
     from precisionlab import formats as fmts
     from precisionlab.formats.info import describe
