@@ -101,9 +101,9 @@ def window_figure(ds: xr.Dataset) -> plt.Figure:
 
 def tradeoff_figure(ds: xr.Dataset) -> plt.Figure:
     """Final error against modelled memory traffic, one point per (design, format,
-    window) (hue = format, style = design, labelled with L), the frontier of
-    configurations no other beats on both drawn through them; the top axis gives the
-    traffic as a modelled speed-up over conventional fp32 decoding."""
+    window) (hue = format, style = design), the frontier of configurations no other
+    beats on both drawn through them and labelled with their window; the top axis
+    gives the traffic as a modelled speed-up over conventional fp32 decoding."""
     try:
         cost = traffic(ds)
     except ValueError as exc:
@@ -118,12 +118,12 @@ def tradeoff_figure(ds: xr.Dataset) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(7.2, 4.8))
     line = df[df["frontier"]].sort_values("bytes")
     ax.plot(line["bytes"], line["final"], ls="--", lw=1, color="0.55", zorder=1,
-            label="frontier")
+            label="frontier (labels: window L)")
     sns.scatterplot(data=df, x="bytes", y="final", hue="format", style="design", s=70,
                     ax=ax, zorder=2)
-    for row in df.itertuples():
+    for row in line.itertuples():  # the frontier's windows (all points: too crowded)
         ax.annotate(f"L={int(row.window)}", (row.bytes, row.final), textcoords="offset points",
-                    xytext=(5, 4), fontsize=7, color="0.3")
+                    xytext=(4, -11), fontsize=7, color="0.25")
     ax.axvline(CONVENTIONAL_FP32_BYTES, ls=":", lw=1, color="0.4")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
