@@ -445,7 +445,8 @@ def gate(
     where: Annotated[list[str] | None, typer.Option(
         help="Select configurations, KEY=VALUE (design, format, window); repeatable.")] = None,
     baseline: Annotated[Path | None, typer.Option(help="Earlier result to compare to.")] = None,
-    rtol: Annotated[float, typer.Option(help="Allowed growth over the baseline.")] = 0.1,
+    rtol: Annotated[float, typer.Option(
+        help="Allowed relative rise over the baseline (a drop, for --min metrics).")] = 0.1,
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report.")] = None,
 ) -> None:
     """Check a result in CI: exit 0 if all selected configurations pass, 1 if any fails,

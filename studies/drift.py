@@ -135,7 +135,7 @@ def drift(
     Variables: ``rel_err`` (relative L2 error of the outputs against the fp64
     reference, mean over the batch),
     ``rel_err_max`` (max over the batch), ``abs_err_max``, ``state_rel_err``
-    (relative error of the fresh fp32 state at flush steps, NaN elsewhere) and
+    (relative error of the fresh fp32 state at flush steps, NaN elsewhere),
     ``growth`` (slope of log error vs log step over output steps: ~0 flat,
     ~0.5 random walk) and ``bytes_per_step`` (the design's modelled memory traffic
     per state element, :meth:`precisionlab.designs.Design.bytes_per_step`).
