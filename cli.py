@@ -361,12 +361,16 @@ def plot(
              "final error against modelled memory traffic.")] = PlotKind.curves,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="PNG to write.")] = Path(
         "drift.png"),
+    metric: Annotated[str, typer.Option(
+        help="Per-step variable to draw: rel_err, or at the model level kl, top1_agree, "
+             "dlogp_p95, ...")] = "rel_err",
 ) -> None:
     """Draw a result: drift curves, the window map, or the error / traffic trade-off."""
     from precisionlab.export import load_result
     from precisionlab.plots import save_plot
 
-    guarded(lambda: out.print(f"wrote {save_plot(load_result(result), out_path, kind.value)}"))
+    guarded(lambda: out.print(
+        f"wrote {save_plot(load_result(result), out_path, kind.value, metric)}"))
 
 
 SHOWN_ATTRS = ("model", "kind", "trace", "weights", "steps", "batch", "seed",

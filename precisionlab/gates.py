@@ -12,12 +12,9 @@ import numpy as np
 import xarray as xr
 
 from .atomic import atomic_path
-from .metrics import summarise
+from .metrics import HIGHER_IS_BETTER, step_metrics, summarise
 
 CONFIG_DIMS = ("design", "format", "window")
-# per-step metrics where more is better (bounded from below); every other one is an
-# error or a divergence, bounded from above
-HIGHER_IS_BETTER = frozenset({"top1_agree"})
 
 
 class GateError(ValueError):
@@ -73,13 +70,6 @@ def _select(da: xr.DataArray, where: dict[str, list[str]]) -> xr.DataArray:
             )
         da = da.sel({key: wanted})
     return da
-
-
-def step_metrics(ds: xr.Dataset) -> list[str]:
-    """The result's per-step variables a gate can bound (``state_rel_err`` is left
-    out: it exists on flush steps only)."""
-    return [str(v) for v in ds.data_vars
-            if ds[v].dims == (*CONFIG_DIMS, "step") and v != "state_rel_err"]
 
 
 def check(

@@ -6,6 +6,16 @@ import numpy as np
 import xarray as xr
 
 SUMMARIES = ("final", "max", "mean")
+# per-step metrics where more is better (gated from below, plotted on a linear axis);
+# every other one is an error or a divergence
+HIGHER_IS_BETTER = frozenset({"top1_agree"})
+
+
+def step_metrics(ds: xr.Dataset) -> list[str]:
+    """The result's per-step variables that gates and plots take (``state_rel_err`` is
+    left out: it exists on flush steps only)."""
+    return [str(v) for v in ds.data_vars
+            if ds[v].dims == ("design", "format", "window", "step") and v != "state_rel_err"]
 
 
 def is_flush_step(ds: xr.Dataset) -> xr.DataArray:

@@ -15,7 +15,14 @@ import xarray as xr  # noqa: E402
 
 from .atomic import atomic_path  # noqa: E402
 from .designs import CONVENTIONAL_FP32_BYTES  # noqa: E402
-from .metrics import frontier, output_steps, summarise, traffic  # noqa: E402
+from .metrics import (  # noqa: E402
+    HIGHER_IS_BETTER,
+    frontier,
+    output_steps,
+    step_metrics,
+    summarise,
+    traffic,
+)
 
 PLOT_KINDS = ("curves", "window", "tradeoff")
 
@@ -35,86 +42,123 @@ def _subtitle(ds: xr.Dataset) -> str:
 CURVE_POINTS = 300
 
 
-def log_binned(err: xr.DataArray, points: int = CURVE_POINTS) -> xr.DataArray:
-    """Geometric mean of ``err`` over log-spaced step bins (one bin per step while
-    steps are fewer than ``points``), so long runs stay readable on a log axis
-    without smearing the early steps."""
+def log_binned(err: xr.DataArray, points: int = CURVE_POINTS,
+               geometric: bool = True) -> xr.DataArray:
+    """Geometric (or, with ``geometric=False``, arithmetic) mean of ``err`` over
+    log-spaced step bins (one bin per step while steps are fewer than ``points``), so
+    long runs stay readable on a log axis without smearing the early steps."""
     n = err.sizes["step"]
     edges = np.unique(np.round(np.logspace(0, np.log10(n + 1), points)).astype(int)) - 1
     edges = np.unique(np.append(edges, n))
-    logs = np.log10(err.where(err > 0))
+    values = np.log10(err.where(err > 0)) if geometric else err
     bins = zip(edges[:-1], edges[1:], strict=True)
-    binned = [logs.isel(step=slice(a, b)).mean("step") for a, b in bins]
-    out = 10 ** xr.concat(binned, dim="step")
+    binned = xr.concat([values.isel(step=slice(a, b)).mean("step") for a, b in bins],
+                       dim="step")
+    out = 10 ** binned if geometric else binned
     return out.assign_coords(step=edges[:-1])
+
+
+METRIC_LABELS = {
+    "rel_err_max": "relative L2 output error (batch max)",
+    "abs_err_max": "max absolute output error",
+    "kl": "KL(reference || design), nats",
+    "top1_agree": "top-1 agreement with the reference",
+    "dlogp_mean": "|delta log-prob| of the reference token",
+    "dlogp_p95": "p95 |delta log-prob| of the reference token",
+    "ssm_out_rel_err": "relative L2 error of the SSM layer outputs",
+}
+
+
+def _metric_label(ds: xr.Dataset, metric: str) -> str:
+    """A short axis label (the variables' long names are too long for an axis)."""
+    if metric == "rel_err":
+        return ("relative L2 error of the logits" if ds.attrs.get("rel_err_of") == "final logits"
+                else "relative L2 output error")
+    return METRIC_LABELS.get(metric, metric)
 
 
 def _wrapped_title(prefix: str, ds: xr.Dataset) -> str:
     return f"{prefix}\n{_subtitle(ds)}"
 
 
-def curves_figure(ds: xr.Dataset) -> plt.Figure:
-    """Output error vs step on log axes: hue = format, style = design, one panel per
-    window.  Flush steps (which read the fresh fp32 state) are left out; long runs are
-    averaged over log-spaced step bins (see :func:`log_binned`)."""
+def curves_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
+    """``metric`` (default the output error) vs step on log axes: hue = format, style =
+    design, one panel per window.  Flush steps (which read the fresh fp32 state) are
+    left out; long runs are averaged over log-spaced step bins (see
+    :func:`log_binned`).  A metric where more is better (``top1_agree``) gets a
+    linear axis and arithmetic bin means."""
+    higher = metric in HIGHER_IS_BETTER
     binned = ds.sizes["step"] > CURVE_POINTS
-    err = log_binned(output_steps(ds)) if binned else output_steps(ds)
-    df = err.to_dataframe(name="rel_err").reset_index().dropna()
-    df = df[df["rel_err"] > 0]
+    err = output_steps(ds, metric)
+    err = log_binned(err, geometric=not higher) if binned else err
+    df = err.to_dataframe(name=metric).reset_index().dropna()
+    if not higher:
+        df = df[df[metric] > 0]
     df["step"] = df["step"] + 1
     grid = sns.relplot(
-        data=df, x="step", y="rel_err", hue="format", style="design", col="window",
+        data=df, x="step", y=metric, hue="format", style="design", col="window",
         kind="line", col_wrap=min(3, ds.sizes["window"]), height=3.6, aspect=1.3,
         facet_kws={"sharey": True}, errorbar=None, linewidth=1.2,
     )
-    grid.set(xscale="log", yscale="log")
-    grid.set_axis_labels("decode step", "relative L2 output error")
+    grid.set(xscale="log", yscale="linear" if higher else "log")
+    grid.set_axis_labels("decode step", _metric_label(ds, metric))
     grid.set_titles("window L = {col_name}")
-    note = " (geometric mean over log-spaced step bins)" if binned else ""
-    grid.figure.suptitle(_wrapped_title(f"Output drift vs fp64 reference{note}", ds),
-                         fontsize=9)
+    mean = "arithmetic" if higher else "geometric"
+    note = f" ({mean} mean over log-spaced step bins)" if binned else ""
+    what = "Output drift" if metric == "rel_err" else metric
+    grid.figure.suptitle(_wrapped_title(f"{what} vs fp64 reference{note}", ds), fontsize=9)
     grid.tight_layout()  # the grid's own layout keeps room for its legend
     grid.figure.subplots_adjust(top=1 - 0.75 / grid.figure.get_figheight())
     return grid.figure
 
 
-def window_figure(ds: xr.Dataset) -> plt.Figure:
-    """Heat map of the final error (window x format), one panel per design."""
-    final = summarise(ds, "final")
+def window_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
+    """Heat map of the final ``metric`` (window x format), one panel per design (log
+    colours for errors, linear for a metric where more is better)."""
+    final = summarise(ds, "final", metric)
     n = ds.sizes["design"]
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n + 1, 0.5 * ds.sizes["window"] + 2.5),
                              squeeze=False)
-    vmin = float(final.where(final > 0).min())
-    vmax = float(final.max())
-    norm = matplotlib.colors.LogNorm(vmin=max(vmin, 1e-12), vmax=max(vmax, vmin * 10))
+    if metric in HIGHER_IS_BETTER:
+        norm = matplotlib.colors.Normalize(vmin=float(final.min()), vmax=float(final.max()))
+        cmap, fmt = "rocket", ".3f"
+    else:
+        vmin = float(final.where(final > 0).min())
+        vmax = float(final.max())
+        norm = matplotlib.colors.LogNorm(vmin=max(vmin, 1e-12), vmax=max(vmax, vmin * 10))
+        cmap, fmt = "rocket_r", ".1e"
     for ax, design in zip(axes[0], ds["design"].values, strict=False):
         table = final.sel(design=design).transpose("window", "format").to_pandas()
-        sns.heatmap(table, ax=ax, annot=True, fmt=".1e", norm=norm, cmap="rocket_r",
+        sns.heatmap(table, ax=ax, annot=True, fmt=fmt, norm=norm, cmap=cmap,
                     cbar=ax is axes[0][-1], annot_kws={"fontsize": 8})
         ax.set_title(f"design: {design}")
         ax.set_xlabel("read format")
         ax.set_ylabel("window L")
-    fig.suptitle(_wrapped_title("Final relative output error", ds), fontsize=9)
+    fig.suptitle(_wrapped_title(f"Final {_metric_label(ds, metric)}", ds), fontsize=9)
     fig.tight_layout()
     return fig
 
 
-def tradeoff_figure(ds: xr.Dataset) -> plt.Figure:
+def tradeoff_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
     """Final error against modelled memory traffic, one point per (design, format,
     window) (hue = format, style = design), the frontier of configurations no other
     beats on both drawn through them and labelled with their window; the top axis
-    gives the traffic as a modelled speed-up over conventional fp32 decoding."""
+    gives the traffic as a modelled speed-up over conventional fp32 decoding.  With a
+    metric where more is better (``top1_agree``) the frontier keeps the highest values
+    and the axis is linear."""
     try:
         cost = traffic(ds)
     except ValueError as exc:
         raise PlotError(str(exc)) from None
-    final = summarise(ds, "final")
-    best = frontier(final, cost)
+    higher = metric in HIGHER_IS_BETTER
+    final = summarise(ds, "final", metric)
+    best = frontier(-final if higher else final, cost)
     df = xr.Dataset({"bytes": cost, "final": final, "frontier": best}).to_dataframe()
     df = df.reset_index()
-    df = df[np.isfinite(df["final"]) & (df["final"] > 0)]
+    df = df[np.isfinite(df["final"]) & ((df["final"] > 0) | higher)]
     if df.empty:
-        raise PlotError("no configuration has a positive final error to place on a log axis")
+        raise PlotError(f"no configuration has a positive final {metric} to place on a log "
+                        "axis")
     fig, ax = plt.subplots(figsize=(7.2, 4.8))
     line = df[df["frontier"]].sort_values("bytes")
     ax.plot(line["bytes"], line["final"], ls="--", lw=1, color="0.55", zorder=1,
@@ -126,18 +170,19 @@ def tradeoff_figure(ds: xr.Dataset) -> plt.Figure:
                     xytext=(4, -11), fontsize=7, color="0.25")
     ax.axvline(CONVENTIONAL_FP32_BYTES, ls=":", lw=1, color="0.4")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.set_yscale("linear" if higher else "log")
     lo = min(float(df["bytes"].min()), CONVENTIONAL_FP32_BYTES) / 1.3
     ax.set_xlim(lo, max(float(df["bytes"].max()), CONVENTIONAL_FP32_BYTES) * 1.3)
     ax.set_xlabel("modelled bytes per state element per step (dotted: conventional fp32)")
-    ax.set_ylabel("final relative output error")
+    ax.set_ylabel(f"final {_metric_label(ds, metric)}")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     top = ax.secondary_xaxis("top", functions=(_speedup, _speedup))
     top.set_xticks([8 / b for b in (0.25, 0.5, 1, 2, 4, 8, 16)])
     top.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
     top.set_xlabel("modelled speed-up over conventional fp32 (8 / bytes)", fontsize=8)
     ax.legend(fontsize=7, loc="best")
-    ax.set_title(_wrapped_title("Drift against memory traffic", ds), fontsize=9)
+    what = "Drift" if metric == "rel_err" else metric
+    ax.set_title(_wrapped_title(f"{what} against memory traffic", ds), fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -160,14 +205,19 @@ def check_plot_path(path: str | os.PathLike) -> Path:
     return path
 
 
-def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves") -> Path:
-    """Draw ``kind`` ('curves', 'window' or 'tradeoff') and write it to ``path`` (PNG),
-    atomically."""
+def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves",
+              metric: str = "rel_err") -> Path:
+    """Draw ``kind`` ('curves', 'window' or 'tradeoff') of the per-step ``metric``
+    (default the output error; a model-level result also has ``kl``, ``top1_agree``,
+    ...) and write it to ``path`` (PNG), atomically."""
     if kind not in PLOT_KINDS:
         raise PlotError(f"unknown plot kind {kind!r}; choose one of {', '.join(PLOT_KINDS)}")
+    if metric not in step_metrics(ds):
+        raise PlotError(f"--metric must be a per-step variable of the result "
+                        f"({', '.join(step_metrics(ds))}), got {metric!r}")
     path = check_plot_path(path)
     draw = {"curves": curves_figure, "window": window_figure, "tradeoff": tradeoff_figure}
-    fig = draw[kind](ds)
+    fig = draw[kind](ds, metric)
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=130, format="png")

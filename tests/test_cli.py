@@ -44,9 +44,11 @@ def test_drift_writes_a_self_describing_result(result_file):
 
 
 def test_plot_every_kind(result_file, tmp_path):
-    for kind in ("curves", "window", "tradeoff"):
-        png = tmp_path / f"{kind}.png"
-        r = invoke("plot", str(result_file), "--kind", kind, "--out", str(png))
+    for kind, metric in (("curves", "rel_err"), ("window", "rel_err"), ("tradeoff", "rel_err"),
+                         ("curves", "rel_err_max"), ("tradeoff", "abs_err_max")):
+        png = tmp_path / f"{kind}-{metric}.png"
+        r = invoke("plot", str(result_file), "--kind", kind, "--metric", metric, "--out",
+                   str(png))
         assert r.exit_code == 0, r.output
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
@@ -167,6 +169,8 @@ def test_gate_against_a_baseline(result_file):
           "--checkpoint-format", "fp16-sr"], "give one checkpoint format"),
         (["gate", "RESULT", "--metric", "kl", "--max", "1"], "no variable 'kl'"),
         (["show", "missing.nc"], "not found"),
+        (["plot", "RESULT", "--metric", "kl"], "--metric must be a per-step variable"),
+        (["plot", "RESULT", "--metric", "growth", "--kind", "tradeoff"], "per-step variable"),
         (["show", "RESULT.txt"], "cannot tell the file type"),
         (["gate", "RESULT", "--metric", "growth", "--max", "1"], "per-step variable"),
         (["gate", "RESULT", "--metric", "rel_err_max"], "give a bound (--max)"),

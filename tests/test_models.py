@@ -289,6 +289,10 @@ def test_model_drift_on_a_preset(tmp_path):
     assert float(cost.sel(design="split-fp16-sr")) < float(cost.sel(design="split-fp32"))
     save_plot(ds, tmp_path / "c.png")
     save_plot(ds, tmp_path / "w.png", "window")
+    for kind, metric in (("curves", "kl"), ("window", "top1_agree"), ("tradeoff", "top1_agree"),
+                         ("tradeoff", "dlogp_p95")):
+        png = save_plot(ds, tmp_path / f"{kind}-{metric}.png", kind, metric)
+        assert png.read_bytes()[:4] == b"\x89PNG"
     save_result(ds, tmp_path / "r.nc")
     back = load_result(tmp_path / "r.nc")
     assert np.allclose(back["kl"].values, ds["kl"].values, equal_nan=True)
