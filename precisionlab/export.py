@@ -61,7 +61,9 @@ def to_tidy(ds: xr.Dataset) -> pd.DataFrame:
 
 
 def from_tidy(df: pd.DataFrame, attrs: dict) -> xr.Dataset:
-    """Inverse of :func:`to_tidy`."""
+    """Inverse of :func:`to_tidy` (coordinates keep the order of the rows, not a
+    sorted one)."""
+    order = {d: pd.unique(df[d]) for d in STEP_DIMS}
     df = df.set_index(list(STEP_DIMS))
     config_vars = json.loads(attrs.pop("_config_vars", "[]"))
     ds = xr.Dataset.from_dataframe(df[[c for c in df.columns if c not in config_vars]])
@@ -69,6 +71,7 @@ def from_tidy(df: pd.DataFrame, attrs: dict) -> xr.Dataset:
         ds[v] = xr.DataArray.from_series(
             df[v].groupby(level=list(STEP_DIMS[:-1]), sort=False).first()
         )
+    ds = ds.reindex(order)
     ds.attrs.update(attrs)
     return ds
 

@@ -201,3 +201,16 @@ def test_summary_frame_is_the_study_table(ds):
     assert df.loc[("split", "fp8-e4m3", 4), "final"] == pytest.approx(
         float(summarise(ds, "final").sel(sel)), rel=1e-12)
     assert df["frontier"].dtype == bool and df["frontier"].any()
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr", ".csv"])
+def test_export_keeps_the_coordinates_order(tmp_path, suffix):
+    """A result's designs, formats and windows come back in the order it was run in
+    (the CSV reader sorted them before)."""
+    ds = precisionlab.drift("tiny-mamba2", ["nvfp4", "fp8-e4m3"], designs=["split", "shared"],
+                            windows=[8, 4], steps=24, device="cpu",
+                            checkpoint_format=["fp32", "bf16-sr"])
+    back = load_result(save_result(ds, tmp_path / f"r{suffix}"))
+    for dim in ("design", "format", "window"):
+        assert back[dim].values.tolist() == ds[dim].values.tolist()
+    xr.testing.assert_allclose(ds, back)
