@@ -128,9 +128,10 @@ def _summary_table(ds, title: str) -> Table:
     model_level = "kl" in ds
     table = Table(title=title, title_justify="left",
                   caption="B/elt: modelled bytes moved per state element per step "
-                          "(conventional fp32: 8); frontier: no other row has both less "
-                          "traffic and a lower final error", caption_justify="left")
-    cols = ["design", "format", "window", "B/elt", "final", "peak", "mean", "growth",
+                          "(conventional fp32: 8); ± 95%: half width of the final error's "
+                          "interval over the batch's sequences; frontier: no other row has "
+                          "both less traffic and a lower final error", caption_justify="left")
+    cols = ["design", "format", "window", "B/elt", "final", "± 95%", "peak", "mean", "growth",
             "frontier"]
     if model_level:
         cols += ["KL (mean)", "top-1 agree", "first divergence"]
@@ -138,7 +139,8 @@ def _summary_table(ds, title: str) -> Table:
         table.add_column(col, justify="right" if col not in ("design", "format") else "left")
     for r in rows:
         cells = [r["design"], r["format"], str(r["window"]), f"{r['bytes_per_step']:.2f}",
-                 f"{r['final']:.3e}", f"{r['peak']:.3e}", f"{r['mean']:.3e}",
+                 f"{r['final']:.3e}", _half_width(r["final_sem"]), f"{r['peak']:.3e}",
+                 f"{r['mean']:.3e}",
                  f"{r['growth']:+.2f}", "yes" if r["frontier"] else ""]
         if model_level:
             first = r["first_divergence"]
@@ -146,6 +148,11 @@ def _summary_table(ds, title: str) -> Table:
                       "never" if first is None else str(first)]
         table.add_row(*cells)
     return table
+
+
+def _half_width(sem: float) -> str:
+    """The 95% interval's half width of a summary with standard error ``sem``."""
+    return "-" if sem != sem else f"{1.96 * sem:.1e}"
 
 
 def _ratio_table(ds) -> Table:

@@ -64,6 +64,22 @@ def final_window(ds: xr.Dataset) -> int:
     return max(1, min(n, max(int(ds["window"].max()), n // 20)))
 
 
+def final_sem(ds: xr.Dataset, per_sequence: np.ndarray) -> xr.DataArray:
+    """Standard error of each configuration's 'final' summary over the batch's
+    sequences: ``per_sequence`` holds ``rel_err`` per sequence, shaped (design, format,
+    window, step, sequence); each sequence's mean over the final window
+    (:func:`final_window`), then their standard deviation / sqrt(batch).  NaN with one
+    sequence."""
+    finals = per_sequence[..., -final_window(ds):, :].mean(axis=-2)
+    n = finals.shape[-1]
+    sem = (finals.std(axis=-1, ddof=1) / np.sqrt(n) if n > 1
+           else np.full(finals.shape[:-1], np.nan))
+    return xr.DataArray(sem, dims=("design", "format", "window"),
+                        coords={d: ds[d] for d in ("design", "format", "window")},
+                        attrs={"long_name": "standard error of the final relative output "
+                                            "error over the batch's sequences"})
+
+
 def summarise(ds: xr.Dataset, at: str | int = "final", var: str = "rel_err") -> xr.DataArray:
     """One number per configuration: 'final' (mean over the last steps, see
     :func:`final_window`), 'max', 'mean', or the value at a step index."""
@@ -143,7 +159,8 @@ def frontier(err: xr.DataArray, cost: xr.DataArray) -> xr.DataArray:
 
 def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
     """One plain record per configuration, as the study tables print them: design,
-    format, window, bytes_per_step, final, peak and mean error, growth, frontier, and at
+    format, window, bytes_per_step, final, peak and mean error, final_sem (NaN where the
+    result has none), growth, frontier, and at
     the model level kl_mean, top1_agree_mean and first_divergence (None: never)."""
     final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
     cost = traffic(ds)
@@ -158,6 +175,8 @@ def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
                     "design": str(d), "format": str(f), "window": int(w),
                     "bytes_per_step": float(cost.sel(sel)), "final": float(final.sel(sel)),
                     "peak": float(peak.sel(sel)), "mean": float(mean.sel(sel)),
+                    "final_sem": float(ds["final_sem"].sel(sel)) if "final_sem" in ds
+                    else float("nan"),
                     "growth": float(ds["growth"].sel(sel)), "frontier": bool(best.sel(sel))}
                 if model_level:
                     first = float(ds["first_divergence"].sel(sel))

@@ -143,7 +143,8 @@ def tradeoff_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
     """Final error against modelled memory traffic, one point per (design, format,
     window) (hue = format, style = design), the frontier of configurations no other
     beats on both drawn through them and labelled with their window; the top axis
-    gives the traffic as a modelled speed-up over conventional fp32 decoding.  With a
+    gives the traffic as a modelled speed-up over conventional fp32 decoding; error
+    bars are the final error's 95% intervals over the batch's sequences.  With a
     metric where more is better (``top1_agree``) the frontier keeps the highest values
     and the axis is linear."""
     try:
@@ -163,6 +164,12 @@ def tradeoff_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
     line = df[df["frontier"]].sort_values("bytes")
     ax.plot(line["bytes"], line["final"], ls="--", lw=1, color="0.55", zorder=1,
             label="frontier (labels: window L)")
+    if metric == "rel_err" and "final_sem" in ds:  # 95% intervals over the sequences
+        half = (1.96 * ds["final_sem"]).to_dataframe(name="half").reset_index()
+        bars = df.merge(half, on=["design", "format", "window"]).dropna()
+        low = np.minimum(bars["half"], 0.9 * bars["final"])  # stays above 0 on a log axis
+        ax.errorbar(bars["bytes"], bars["final"], yerr=[low, bars["half"]], fmt="none",
+                    ecolor="0.65", elinewidth=0.8, capsize=2, zorder=1.5)
     sns.scatterplot(data=df, x="bytes", y="final", hue="format", style="design", s=70,
                     ax=ax, zorder=2)
     for row in line.itertuples():  # the frontier's windows (all points: too crowded)

@@ -13,7 +13,7 @@ import xarray as xr
 from precisionlab import __version__, engine
 from precisionlab.designs import DESIGN_KINDS, Design, make_design
 from precisionlab.kinds import ring_dtype_of
-from precisionlab.metrics import growth_exponent, is_flush_step, traffic
+from precisionlab.metrics import final_sem, growth_exponent, is_flush_step, traffic
 from precisionlab.traces import DYNAMICS, SavedTrace, Trace, TraceError, open_trace
 
 DEFAULT_STEPS = 2048
@@ -137,7 +137,8 @@ def drift(
     ``rel_err_max`` (max over the batch), ``abs_err_max``, ``state_rel_err``
     (relative error of the fresh fp32 state at flush steps, NaN elsewhere),
     ``growth`` (slope of log error vs log step over output steps: ~0 flat,
-    ~0.5 random walk) and ``bytes_per_step`` (the design's modelled memory traffic
+    ~0.5 random walk), ``final_sem`` (standard error of the 'final' summary over the
+    batch's sequences) and ``bytes_per_step`` (the design's modelled memory traffic
     per state element, :meth:`precisionlab.designs.Design.bytes_per_step`).
     """
     designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
@@ -161,14 +162,17 @@ def drift(
     rel_max = np.full(shape, np.nan)
     abs_max = np.full(shape, np.nan)
     state = np.full(shape, np.nan)
+    per_sequence = np.full((*shape, trace.batch), np.nan)
     index = [(labels.index(design_label(d, len(checkpoints) > 1)),
               formats.index(d.read_format), windows.index(d.window)) for d in configs]
     for m in engine.run(trace, configs, device=str(dev), backend=be, ring_dtype=ring_dtype,
                         seed=seed):
         t = m.step
         for j, (a, b, c) in enumerate(index):
-            rel[a, b, c, t] = float(m.rel_err[j].mean())
-            rel_max[a, b, c, t] = float(m.rel_err[j].max())
+            seq = m.rel_err[j].double().cpu().numpy()
+            per_sequence[a, b, c, t] = seq
+            rel[a, b, c, t] = seq.mean()
+            rel_max[a, b, c, t] = seq.max()
             abs_max[a, b, c, t] = float(m.abs_err_max[j])
             state[a, b, c, t] = float(m.state_rel_err[j].mean())
         if progress is not None:
@@ -188,6 +192,7 @@ def drift(
         coords=coords,
     )
     ds["growth"] = growth_exponent(ds)
+    ds["final_sem"] = final_sem(ds, per_sequence)
     p = trace.preset
     ds.attrs.update({
         "title": f"precisionlab drift: {p.name}",

@@ -20,7 +20,7 @@ import xarray as xr
 
 from precisionlab.engine import BACKENDS, EngineError, resolve_backend
 from precisionlab.kinds import ring_dtype_of
-from precisionlab.metrics import growth_exponent, traffic
+from precisionlab.metrics import final_sem, growth_exponent, traffic
 from precisionlab.models import HybridModel, ModelError, open_model
 from precisionlab.models.loading import dtype_of
 from precisionlab.models.prompts import DEFAULT_PROMPT_TOKENS, prompt_ids
@@ -98,7 +98,8 @@ def model_drift(
     Per configuration: ``first_divergence`` (first step where a sequence's greedy
     token differs from the reference's, earliest over the batch; NaN if none),
     ``kl_run_mean``, ``top1_run_rate``, ``dlogp_run_mean``, ``dlogp_run_p95`` (over all
-    steps and sequences), ``growth`` (as in the drift study, from ``rel_err``) and
+    steps and sequences), ``growth`` and ``final_sem`` (as in the drift study, from
+    ``rel_err``) and
     ``bytes_per_step`` (modelled memory traffic per state element, as in the drift
     study).
     """
@@ -138,6 +139,7 @@ def model_drift(
     arr = {k: np.full(shape, np.nan) for k in names}
     cfg_shape = shape[:-1]
     first_div = np.full((len(configs), batch), np.nan)
+    per_sequence = np.full((*shape, batch), np.nan)
     runs: dict[str, list[list[np.ndarray]]] = {k: [[] for _ in configs]
                                                for k in ("kl", "top1", "dlogp")}
     index = [(labels.index(design_label(d, len(checkpoints) > 1)),
@@ -157,6 +159,7 @@ def model_drift(
                 m = {k: v.cpu().numpy() for k, v in
                      _step_metrics(ref, lp_ref, logits[(j + 1) * b:(j + 2) * b], nxt).items()}
                 at = (a, f, w, t)
+                per_sequence[at] = m["rel"]
                 arr["rel_err"][at] = m["rel"].mean()
                 arr["rel_err_max"][at] = m["rel"].max()
                 arr["kl"][at] = m["kl"].mean()
@@ -212,6 +215,7 @@ def model_drift(
         [float(np.percentile(flat("dlogp", j), 95)) for j in range(len(configs))],
         "95th percentile |delta log-prob| of the reference token, all steps")
     ds["growth"] = growth_exponent(ds)
+    ds["final_sem"] = final_sem(ds, per_sequence)
 
     shape0 = hm.layer_shape(hm.ssm_layers[0])
     import transformers

@@ -28,7 +28,7 @@ def result_file(tmp_path_factory) -> Path:
                "cpu", "--out", str(path))
     assert r.exit_code == 0, r.output
     assert "shared" in r.output and "split" in r.output and "growth" in r.output
-    assert "B/elt" in r.output and "frontier" in r.output
+    assert "B/elt" in r.output and "frontier" in r.output and "± 95%" in r.output
     assert f"wrote {path}" in r.output
     return path
 

@@ -256,7 +256,7 @@ def test_model_drift_on_a_preset(tmp_path):
               "ssm_out_rel_err", "state_rel_err"):
         assert ds[v].dims == ("design", "format", "window", "step")
     for v in ("first_divergence", "kl_run_mean", "top1_run_rate", "dlogp_run_mean",
-              "dlogp_run_p95", "growth"):
+              "dlogp_run_p95", "growth", "final_sem", "bytes_per_step"):
         assert ds[v].dims == ("design", "format", "window")
     a = ds.attrs
     assert a["weights"] == "synthetic weights (preset config)"

@@ -214,3 +214,27 @@ def test_export_keeps_the_coordinates_order(tmp_path, suffix):
     for dim in ("design", "format", "window"):
         assert back[dim].values.tolist() == ds[dim].values.tolist()
     xr.testing.assert_allclose(ds, back)
+
+
+def test_final_sem_is_the_spread_of_the_sequences_final_errors():
+    from precisionlab.metrics import final_sem, summarise
+
+    coords = {"design": ["shared"], "format": ["nvfp4"], "window": [2], "step": np.arange(40)}
+    per_sequence = np.empty((1, 1, 1, 40, 3))
+    per_sequence[..., :, 0], per_sequence[..., :, 1], per_sequence[..., :, 2] = 1.0, 2.0, 6.0
+    per_sequence[..., :38, :] = 100.0  # outside the final window (2 steps: 5% of 40)
+    ds = xr.Dataset({"rel_err": (("design", "format", "window", "step"),
+                                 per_sequence.mean(axis=-1))}, coords=coords)
+    sem = float(final_sem(ds, per_sequence).squeeze())
+    assert sem == pytest.approx(np.std([1.0, 2.0, 6.0], ddof=1) / np.sqrt(3), rel=1e-12)
+    assert float(summarise(ds, "final").squeeze()) == pytest.approx(3.0)
+    assert np.isnan(final_sem(ds, per_sequence[..., :1])).all()
+
+
+def test_results_carry_the_final_errors_standard_error(ds):
+    assert ds["final_sem"].dims == ("design", "format", "window")
+    assert (ds["final_sem"] > 0).all() and (ds["final_sem"] < 1).all()
+    one = precisionlab.drift("tiny-gdn", "nvfp4", windows=4, steps=16, batch=1, device="cpu")
+    assert np.isnan(one["final_sem"]).all()
+    rows = precisionlab.summary(one)
+    assert rows["final_sem"].isna().all()
