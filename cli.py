@@ -140,8 +140,7 @@ def _summary_table(ds, title: str) -> Table:
     for r in rows:
         cells = [r["design"], r["format"], str(r["window"]), f"{r['bytes_per_step']:.2f}",
                  f"{r['final']:.3e}", _half_width(r["final_sem"]), f"{r['peak']:.3e}",
-                 f"{r['mean']:.3e}",
-                 f"{r['growth']:+.2f}", "yes" if r["frontier"] else ""]
+                 f"{r['mean']:.3e}", f"{r['growth']:+.2f}", "yes" if r["frontier"] else ""]
         if model_level:
             first = r["first_divergence"]
             cells += [f"{r['kl_mean']:.3e}", f"{r['top1_agree_mean']:.3f}",
@@ -238,9 +237,8 @@ def _study_options(model, formats, windows, checkpoint_format, steps, batch, see
                    ring_dtype, backend, device) -> dict:
     return dict(model=model, formats=formats or DEFAULT_FORMATS, windows=windows or [16],
                 checkpoint_format=checkpoint_format or ["fp32"], steps=steps, batch=batch,
-                seed=seed,
-                dynamics=dynamics.value, ring_dtype=ring_dtype.value, backend=backend.value,
-                device=device.value)
+                seed=seed, dynamics=dynamics.value, ring_dtype=ring_dtype.value,
+                backend=backend.value, device=device.value)
 
 
 def _default_out(model: str, study: str) -> Path:

@@ -160,8 +160,8 @@ def frontier(err: xr.DataArray, cost: xr.DataArray) -> xr.DataArray:
 def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
     """One plain record per configuration, as the study tables print them: design,
     format, window, bytes_per_step, final, peak and mean error, final_sem (NaN where the
-    result has none), growth, frontier, and at
-    the model level kl_mean, top1_agree_mean and first_divergence (None: never)."""
+    result has none), growth, frontier, and at the model level kl_mean,
+    top1_agree_mean and first_divergence (None: never)."""
     final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
     cost = traffic(ds)
     best = frontier(final, cost)
