@@ -391,7 +391,7 @@ def show(
                        "JSON.")] = False,
 ) -> None:
     """Print a saved result's summary table and where it came from."""
-    from precisionlab.export import load_result
+    from precisionlab.export import load_result, plain_value
     from precisionlab.metrics import summary_records
 
     def run():
@@ -402,7 +402,7 @@ def show(
             raise ResultSummaryError(f"cannot summarise {str(result)!r}: {exc}") from None
 
     ds, rows = guarded(run)
-    about = {k: _plain(ds.attrs[k]) for k in SHOWN_ATTRS if k in ds.attrs}
+    about = {k: plain_value(ds.attrs[k]) for k in SHOWN_ATTRS if k in ds.attrs}
     ratios = ds["final_ratio"] if "final_ratio" in ds else None
     if as_json:
         doc = {"result": str(result), **about, "configurations": rows}
@@ -420,18 +420,15 @@ def show(
         out.print(_ratio_table(ds))
 
 
-def _plain(value):
-    """A numpy scalar attribute as the Python number it holds (others unchanged)."""
-    return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
-
-
 def _json_ready(obj):
     """``obj`` with numpy scalars as Python numbers and NaN / inf as null (strict JSON)."""
+    from precisionlab.export import plain_value
+
     if isinstance(obj, dict):
         return {k: _json_ready(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_json_ready(v) for v in obj]
-    obj = _plain(obj)
+    obj = plain_value(obj)
     return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 

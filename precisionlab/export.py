@@ -76,6 +76,12 @@ def from_tidy(df: pd.DataFrame, attrs: dict) -> xr.Dataset:
     return ds
 
 
+def plain_value(value):
+    """A numpy scalar (a coordinate's or a read-back attribute's) as the Python value it
+    holds; anything else unchanged."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
+
+
 def _netcdf_attrs(attrs: dict) -> dict:
     """netCDF attributes must be strings or numbers."""
     out = {}

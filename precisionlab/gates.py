@@ -12,6 +12,7 @@ import numpy as np
 import xarray as xr
 
 from .atomic import atomic_path
+from .export import plain_value
 from .metrics import HIGHER_IS_BETTER, step_metrics, summarise
 
 CONFIG_DIMS = ("design", "format", "window")
@@ -125,7 +126,7 @@ def check(
         raise GateError("the selection is empty")
     checks = []
     for i in range(stacked.sizes["config"]):
-        cfg = {d: _plain(stacked[d].values[i]) for d in CONFIG_DIMS}
+        cfg = {d: plain_value(stacked[d].values[i]) for d in CONFIG_DIMS}
         v = float(stacked.values[i])
         limits, reasons = [], []
         if bound is not None:
@@ -142,10 +143,6 @@ def check(
         ok = bool(np.isfinite(v) and (v >= limit if higher else v <= limit))
         checks.append(GateCheck(cfg, v, limit, ok, " and ".join(reasons), var, higher))
     return checks
-
-
-def _plain(x):
-    return x.item() if hasattr(x, "item") else x
 
 
 def write_junit(checks: list[GateCheck], path: str | os.PathLike, at: str | int) -> Path:

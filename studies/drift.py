@@ -50,21 +50,10 @@ def build_designs(
     return out
 
 
-def design_labels(designs: Sequence[str], checkpoint_format: str | Sequence[str]) -> list[str]:
-    """The result's ``design`` coordinate: ``shared``, and ``split`` for one checkpoint
-    format or ``split-<checkpoint>`` (``split-fp16-sr``, ...) for each of several."""
-    checkpoints = _as_list(checkpoint_format)
-    out = []
-    for kind in designs:
-        if kind == "split" and len(checkpoints) > 1:
-            out += [f"split-{c}" for c in checkpoints]
-        else:
-            out.append(kind)
-    return out
-
-
 def design_label(design: Design, several_checkpoints: bool) -> str:
-    """``design``'s entry in :func:`design_labels`."""
+    """``design``'s name in a result's ``design`` coordinate: ``shared``, and ``split``
+    for one checkpoint format or ``split-<checkpoint>`` (``split-fp16-sr``, ...) for each
+    of several."""
     if design.kind == "split" and several_checkpoints:
         return f"split-{design.checkpoint_format}"
     return design.kind
@@ -156,28 +145,25 @@ def drift(
         raise StudyError(str(exc)) from None
 
     n_steps = trace.steps
-    labels = design_labels(designs, checkpoints)
+    config_labels = [design_label(d, len(checkpoints) > 1) for d in configs]
+    labels = list(dict.fromkeys(config_labels))
     shape = (len(labels), len(formats), len(windows), n_steps)
-    rel = np.full(shape, np.nan)
-    rel_max = np.full(shape, np.nan)
     abs_max = np.full(shape, np.nan)
     state = np.full(shape, np.nan)
     per_sequence = np.full((*shape, trace.batch), np.nan)
-    index = [(labels.index(design_label(d, len(checkpoints) > 1)),
-              formats.index(d.read_format), windows.index(d.window)) for d in configs]
+    index = [(labels.index(name), formats.index(d.read_format), windows.index(d.window))
+             for name, d in zip(config_labels, configs, strict=True)]
     for m in engine.run(trace, configs, device=str(dev), backend=be, ring_dtype=ring_dtype,
                         seed=seed):
         t = m.step
         for j, (a, b, c) in enumerate(index):
-            seq = m.rel_err[j].double().cpu().numpy()
-            per_sequence[a, b, c, t] = seq
-            rel[a, b, c, t] = seq.mean()
-            rel_max[a, b, c, t] = seq.max()
+            per_sequence[a, b, c, t] = m.rel_err[j].double().cpu().numpy()
             abs_max[a, b, c, t] = float(m.abs_err_max[j])
             state[a, b, c, t] = float(m.state_rel_err[j].mean())
         if progress is not None:
             progress(t + 1, n_steps)
 
+    rel, rel_max = per_sequence.mean(axis=-1), per_sequence.max(axis=-1)
     dims = ("design", "format", "window", "step")
     coords = {"design": labels, "format": formats, "window": [int(w) for w in windows],
               "step": np.arange(n_steps)}
@@ -224,4 +210,4 @@ def _api_call(name: str, **kwargs) -> str:
     return f"precisionlab.{name}({args})"
 
 
-__all__ = ["drift", "build_designs", "design_labels", "StudyError", "is_flush_step"]
+__all__ = ["drift", "build_designs", "design_label", "StudyError", "is_flush_step"]

@@ -34,7 +34,6 @@ from .drift import (
     _as_list,
     build_designs,
     design_label,
-    design_labels,
     device_name,
     versions,
 )
@@ -105,7 +104,6 @@ def model_drift(
     """
     designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
     checkpoints = _as_list(checkpoint_format)
-    labels = design_labels(designs, checkpoints)
     n_steps = DEFAULT_MODEL_STEPS if steps is None else int(steps)
     try:
         if n_steps < 1:
@@ -133,6 +131,8 @@ def model_drift(
         raise ModelStudyError(str(exc).strip("'\"") if isinstance(exc, KeyError)
                               else str(exc)) from None
 
+    config_labels = [design_label(d, len(checkpoints) > 1) for d in configs]
+    labels = list(dict.fromkeys(config_labels))
     shape = (len(labels), len(formats), len(windows), n_steps)
     names = ("rel_err", "rel_err_max", "kl", "top1_agree", "dlogp_mean", "dlogp_p95",
              "ssm_out_rel_err", "state_rel_err")
@@ -142,8 +142,8 @@ def model_drift(
     per_sequence = np.full((*shape, batch), np.nan)
     runs: dict[str, list[list[np.ndarray]]] = {k: [[] for _ in configs]
                                                for k in ("kl", "top1", "dlogp")}
-    index = [(labels.index(design_label(d, len(checkpoints) > 1)),
-              formats.index(d.read_format), windows.index(d.window)) for d in configs]
+    index = [(labels.index(name), formats.index(d.read_format), windows.index(d.window))
+             for name, d in zip(config_labels, configs, strict=True)]
     b = batch
     with DesignDecode(hm, configs, batch=b, ring_dtype=ring_dtype, seed=seed,
                       backend=be) as dd:
@@ -160,8 +160,6 @@ def model_drift(
                      _step_metrics(ref, lp_ref, logits[(j + 1) * b:(j + 2) * b], nxt).items()}
                 at = (a, f, w, t)
                 per_sequence[at] = m["rel"]
-                arr["rel_err"][at] = m["rel"].mean()
-                arr["rel_err_max"][at] = m["rel"].max()
                 arr["kl"][at] = m["kl"].mean()
                 arr["top1_agree"][at] = m["top1"].mean()
                 arr["dlogp_mean"][at] = m["dlogp"].mean()
@@ -190,6 +188,7 @@ def model_drift(
     }
     coords = {"design": labels, "format": formats, "window": [int(w) for w in windows],
               "step": np.arange(n_steps)}
+    arr["rel_err"], arr["rel_err_max"] = per_sequence.mean(axis=-1), per_sequence.max(axis=-1)
     ds = xr.Dataset({k: (dims, arr[k], {"long_name": long[k]}) for k in names}, coords=coords)
 
     def per_config(values: list[float], long_name: str) -> xr.DataArray:
