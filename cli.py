@@ -129,8 +129,9 @@ def _summary_table(ds, title: str) -> Table:
     table = Table(title=title, title_justify="left",
                   caption="B/elt: modelled bytes moved per state element per step "
                           "(conventional fp32: 8); ± 95%: half width of the final error's "
-                          "interval over the batch's sequences; frontier: no other row has "
-                          "both less traffic and a lower final error", caption_justify="left")
+                          "interval over the batch's sequences (Student t); frontier: no "
+                          "other row has both less traffic and a lower final error",
+                  caption_justify="left")
     cols = ["design", "format", "window", "B/elt", "final", "± 95%", "peak", "mean", "growth",
             "frontier"]
     if model_level:
@@ -139,7 +140,7 @@ def _summary_table(ds, title: str) -> Table:
         table.add_column(col, justify="right" if col not in ("design", "format") else "left")
     for r in rows:
         cells = [r["design"], r["format"], str(r["window"]), f"{r['bytes_per_step']:.2f}",
-                 f"{r['final']:.3e}", _half_width(r["final_sem"]), f"{r['peak']:.3e}",
+                 f"{r['final']:.3e}", _half_width(r["final_ci95"]), f"{r['peak']:.3e}",
                  f"{r['mean']:.3e}", f"{r['growth']:+.2f}", "yes" if r["frontier"] else ""]
         if model_level:
             first = r["first_divergence"]
@@ -149,9 +150,8 @@ def _summary_table(ds, title: str) -> Table:
     return table
 
 
-def _half_width(sem: float) -> str:
-    """The 95% interval's half width of a summary with standard error ``sem``."""
-    return "-" if sem != sem else f"{1.96 * sem:.1e}"
+def _half_width(half: float) -> str:
+    return "-" if half != half else f"{half:.1e}"
 
 
 def _ratio_table(ds) -> Table:

@@ -80,6 +80,26 @@ def final_sem(ds: xr.Dataset, per_sequence: np.ndarray) -> xr.DataArray:
                                             "error over the batch's sequences"})
 
 
+def t_quantile_95(n: int) -> float:
+    """Student's t quantile of a two-sided 95% interval of a mean over ``n`` samples
+    (12.7 for 2, 2.36 for 8, 1.96 in the limit); NaN below 2."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1)) if n >= 2 else float("nan")
+
+
+def final_half_width(ds: xr.Dataset) -> xr.DataArray:
+    """Half width of each configuration's 95% interval on the 'final' error over the
+    batch's sequences: ``final_sem`` times Student's t quantile for the batch size
+    (the ``batch`` attribute; NaN where the result has no ``final_sem``)."""
+    if "final_sem" not in ds:
+        return xr.full_like(summarise(ds, "final"), np.nan)
+    n = int(ds.attrs.get("batch", 0))
+    out = t_quantile_95(n) * ds["final_sem"]
+    out.attrs = {"long_name": "half width of the final error's 95% interval (Student t)"}
+    return out
+
+
 def summarise(ds: xr.Dataset, at: str | int = "final", var: str = "rel_err") -> xr.DataArray:
     """One number per configuration: 'final' (mean over the last steps, see
     :func:`final_window`), 'max', 'mean', or the value at a step index."""
@@ -159,10 +179,12 @@ def frontier(err: xr.DataArray, cost: xr.DataArray) -> xr.DataArray:
 
 def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
     """One plain record per configuration, as the study tables print them: design,
-    format, window, bytes_per_step, final, peak and mean error, final_sem (NaN where the
-    result has none), growth, frontier, and at the model level kl_mean,
-    top1_agree_mean and first_divergence (None: never)."""
+    format, window, bytes_per_step, final, peak and mean error, final_sem and final_ci95
+    (its 95% half width, :func:`final_half_width`; NaN where the result has none),
+    growth, frontier, and at the model level kl_mean, top1_agree_mean and
+    first_divergence (None: never)."""
     final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
+    half = final_half_width(ds)
     cost = traffic(ds)
     best = frontier(final, cost)
     model_level = "kl" in ds
@@ -177,6 +199,7 @@ def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
                     "peak": float(peak.sel(sel)), "mean": float(mean.sel(sel)),
                     "final_sem": float(ds["final_sem"].sel(sel)) if "final_sem" in ds
                     else float("nan"),
+                    "final_ci95": float(half.sel(sel)),
                     "growth": float(ds["growth"].sel(sel)), "frontier": bool(best.sel(sel))}
                 if model_level:
                     first = float(ds["first_divergence"].sel(sel))

@@ -17,6 +17,7 @@ from .atomic import atomic_path  # noqa: E402
 from .designs import CONVENTIONAL_FP32_BYTES  # noqa: E402
 from .metrics import (  # noqa: E402
     HIGHER_IS_BETTER,
+    final_half_width,
     frontier,
     output_steps,
     step_metrics,
@@ -165,7 +166,7 @@ def tradeoff_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
     ax.plot(line["bytes"], line["final"], ls="--", lw=1, color="0.55", zorder=1,
             label="frontier (labels: window L)")
     if metric == "rel_err" and "final_sem" in ds:  # 95% intervals over the sequences
-        half = (1.96 * ds["final_sem"]).to_dataframe(name="half").reset_index()
+        half = final_half_width(ds).to_dataframe(name="half").reset_index()
         bars = df.merge(half, on=["design", "format", "window"]).dropna()
         low = np.minimum(bars["half"], 0.9 * bars["final"])  # stays above 0 on a log axis
         ax.errorbar(bars["bytes"], bars["final"], yerr=[low, bars["half"]], fmt="none",

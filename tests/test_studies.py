@@ -238,3 +238,19 @@ def test_results_carry_the_final_errors_standard_error(ds):
     assert np.isnan(one["final_sem"]).all()
     rows = precisionlab.summary(one)
     assert rows["final_sem"].isna().all()
+
+
+def test_final_interval_uses_students_t_for_the_batch(ds):
+    """Small batches get Student's t quantile, not the normal 1.96: with 2 sequences
+    the 95% half width is 12.7 standard errors."""
+    from precisionlab.metrics import final_half_width, t_quantile_95
+
+    assert t_quantile_95(2) == pytest.approx(12.706, abs=1e-3)
+    assert t_quantile_95(8) == pytest.approx(2.365, abs=1e-3)
+    assert t_quantile_95(10**6) == pytest.approx(1.960, abs=1e-3)
+    assert np.isnan(t_quantile_95(1))
+    half = final_half_width(ds)
+    xr.testing.assert_allclose(half, t_quantile_95(ds.attrs["batch"]) * ds["final_sem"])
+    rows = precisionlab.summary(ds)
+    assert np.allclose(rows["final_ci95"], rows["final_sem"] * t_quantile_95(ds.attrs["batch"]))
+    assert final_half_width(ds.drop_vars("final_sem")).isnull().all()
