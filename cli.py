@@ -486,6 +486,143 @@ def gate(
     raise typer.Exit(1 if failed else 0)
 
 
+STUDY_PARAMS = ("model", "format", "window", "design", "checkpoint_format", "steps", "batch",
+                "seed", "dynamics", "ring_dtype", "backend", "device")
+
+
+@app.command()
+def advise(
+    ctx: typer.Context,
+    max_value: Annotated[float | None, typer.Option(
+        "--max", help="Budget: the most --metric may reach (errors, divergences).")] = None,
+    min_value: Annotated[float | None, typer.Option(
+        "--min", help="Budget: the least --metric may fall to (top1_agree).")] = None,
+    metric: Annotated[str, typer.Option(
+        help="Per-step variable held to the budget: rel_err, rel_err_max, abs_err_max; "
+             "from a model-level result also kl, top1_agree, ...")] = "rel_err",
+    at: Annotated[str, typer.Option(help="final, max, mean or a step index.")] = "final",
+    confident: Annotated[bool, typer.Option(
+        "--confident", help="The final error's 95% interval over the sequences must lie "
+                            "within the budget, not only its mean.")] = False,
+    from_result: Annotated[Path | None, typer.Option(
+        "--from", help="Advise on a saved result instead of running the study.")] = None,
+    model: ModelOpt = "nemotron-3-nano-4b",
+    format: Annotated[list[str] | None, typer.Option(
+        "--format", "-f", help="Read format (repeatable). Default: fp8-e4m3 and nvfp4.")] = None,
+    window: Annotated[list[int] | None, typer.Option(
+        "--window", "-L", help="Window (repeatable). Default: 4 16 64.")] = None,
+    design: Annotated[list[str] | None, typer.Option(
+        "--design", "-d", help="shared and/or split (repeatable).")] = None,
+    checkpoint_format: Annotated[list[str] | None, typer.Option(
+        help="Split designs' checkpoint (repeatable). Default: fp32 and fp16-sr.")] = None,
+    steps: StepsOpt = 1024,
+    batch: BatchOpt = 2,
+    seed: int = 0,
+    dynamics: Dynamics = Dynamics.trained,
+    ring_dtype: RingDtype = RingDtype.bf16,
+    backend: BackendOpt = Backend.auto,
+    device: DeviceOpt = Device.auto,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Result file (.nc, .zarr, .csv). Default: advise-<model>.nc; with "
+                            "--from none.")] = None,
+    plot: PlotOpt = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the advice as JSON instead of the table.")] = False,
+) -> None:
+    """The configuration that moves the fewest bytes per step within a drift budget:
+    exit 0 with a recommendation, 1 if none meets the budget, 2 on bad input."""
+    from precisionlab.export import check_writable, load_result, save_result
+    from precisionlab.plots import check_plot_path, save_plot
+    from precisionlab.studies import advise as study
+    from precisionlab.studies import recommend
+    from precisionlab.studies.advise import DEFAULT_CHECKPOINTS, DEFAULT_FORMATS, DEFAULT_WINDOWS
+
+    if at not in ("final", "max", "mean") and not at.lstrip("-").isdigit():
+        fail(f"--at must be final, max, mean or a step index, got {at!r}")
+    at_value: str | int = at if at in ("final", "max", "mean") else int(at)
+    budget = dict(max_value=max_value, min_value=min_value, metric=metric, at=at_value,
+                  confident=confident)
+    if from_result is not None:
+        # by name: typer may carry its own copy of click's ParameterSource
+        given = [p for p in STUDY_PARAMS
+                 if getattr(ctx.get_parameter_source(p), "name", "DEFAULT") != "DEFAULT"]
+        if given:
+            fail(f"--{given[0].replace('_', '-')} sets up a study run; with --from the saved "
+                 "result is advised as it is")
+
+    def run():
+        if out_path is not None:
+            check_writable(out_path)
+        if plot is not None:
+            check_plot_path(plot)
+        if from_result is not None:
+            return recommend(load_result(from_result), **budget)
+        opts = _study_options(model, format or list(DEFAULT_FORMATS),
+                              window or list(DEFAULT_WINDOWS),
+                              checkpoint_format or list(DEFAULT_CHECKPOINTS), steps, batch, seed,
+                              dynamics, ring_dtype, backend, device)
+        opts["designs"] = design or ["shared", "split"]
+        with _progress() as progress:
+            task = progress.add_task("decoding", total=None)
+            return study(progress=lambda d, t: progress.update(task, completed=d, total=t),
+                         command=command_line(ctx), **opts, **budget)
+
+    ds = guarded(run)
+    found = _print_advice(ds, as_json)
+    said = err if as_json else out  # --json keeps standard output to the JSON document
+    target = out_path or (None if from_result is not None else _default_out(model, "advise"))
+    if target is not None:
+        said.print(f"wrote {guarded(lambda: save_result(ds, target))}")
+    if plot is not None:
+        said.print(f"wrote {guarded(lambda: save_plot(ds, plot, 'tradeoff', metric=metric))}")
+    raise typer.Exit(0 if found else 1)
+
+
+def _print_advice(ds, as_json: bool) -> bool:
+    """Print an advised result (table or JSON); whether it recommends a configuration."""
+    from precisionlab.studies import recommendation
+    from precisionlab.studies.advise import advice_table
+
+    rows, best = advice_table(ds), recommendation(ds)
+    a = ds.attrs
+    what = f"{a['advice_metric']}[{a['advice_at']}]"
+    sign = ">=" if a["advice_direction"] == "min" else "<="
+    budget = f"{what} {sign} {float(a['advice_bound']):g}"
+    if as_json:
+        print(json.dumps(_json_ready({
+            "model": a.get("model"), "steps": a.get("steps"), "batch": a.get("batch"),
+            "budget": budget, "confident": bool(a.get("advice_confident", 0)),
+            "recommended": best, "configurations": rows}), indent=2))
+        return best is not None
+    table = Table(title=f"{_table_title(ds)}; budget {budget}", title_justify="left",
+                  caption="cheapest first; B/elt: modelled bytes per state element per step; "
+                          "x fp32: conventional fp32's 8 bytes over B/elt",
+                  caption_justify="left")
+    for col in ("design", "format", "window", "B/elt", "x fp32",
+                what + (" + 95%" if a.get("advice_confident") else ""), "meets", "frontier"):
+        table.add_column(col, justify="left" if col in ("design", "format") else "right")
+    for r in rows:
+        pick = best is not None and all(r[k] == best[k] for k in ("design", "format", "window"))
+        style = "bold green" if pick else None
+        table.add_row(r["design"], r["format"], str(r["window"]), f"{r['bytes_per_step']:.2f}",
+                      f"{8 / r['bytes_per_step']:.1f}", f"{r['value']:.3e}",
+                      "yes" if r["meets_budget"] else "no", "yes" if r["frontier"] else "",
+                      style=style)
+    out.print(table)
+    if best is None:
+        closest = min(rows, key=lambda r: -r["value"] if sign == ">=" else r["value"])
+        out.print(escape(f"no configuration meets {budget}; the closest is {closest['design']} "
+                         f"{closest['format']} L={closest['window']} at "
+                         f"{closest['value']:.3g}"), highlight=False)
+        return False
+    row = next(r for r in rows if all(r[k] == best[k] for k in ("design", "format", "window")))
+    out.print(escape(f"recommended: {row['design']} {row['format']} L={row['window']}: "
+                     f"{row['bytes_per_step']:.2f} B/elt ({8 / row['bytes_per_step']:.1f}x less "
+                     f"traffic than conventional fp32), {what} = {row['value']:.3g}"),
+              highlight=False)
+    return True
+
+
 @app.command()
 def models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List the model presets (SSM layer shapes)."""

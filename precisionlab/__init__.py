@@ -6,7 +6,8 @@ Notebook API: ``precisionlab.drift``, ``precisionlab.compare``,
 ``precisionlab.window_sweep``, ``precisionlab.model_drift`` (studies returning
 ``xarray.Dataset``), ``precisionlab.capture_trace``,
 ``precisionlab.save_result`` / ``load_result``, ``precisionlab.plot``,
-``precisionlab.summary`` (a result's table as a DataFrame).
+``precisionlab.summary`` (a result's table as a DataFrame), ``precisionlab.advise`` /
+``precisionlab.recommend`` (the least traffic within a drift budget).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ _LAZY = {
     "summary": ("precisionlab.metrics", "summary"),
     "model_drift": ("precisionlab.studies.model_drift", "model_drift"),
     "capture_trace": ("precisionlab.models.capture", "capture_trace"),
+    "advise": ("precisionlab.studies.advise", "advise"),
+    "recommend": ("precisionlab.studies.advise", "recommend"),
+    "recommendation": ("precisionlab.studies.advise", "recommendation"),
 }
 
 

@@ -177,6 +177,7 @@ def tradeoff_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
         ax.annotate(f"L={int(row.window)}", (row.bytes, row.final), textcoords="offset points",
                     xytext=(4, -11), fontsize=7, color="0.25")
     ax.axvline(CONVENTIONAL_FP32_BYTES, ls=":", lw=1, color="0.4")
+    _draw_advice(ax, ds, df, metric)
     ax.set_xscale("log", base=2)
     ax.set_yscale("linear" if higher else "log")
     lo = min(float(df["bytes"].min()), CONVENTIONAL_FP32_BYTES) / 1.3
@@ -193,6 +194,22 @@ def tradeoff_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
     ax.set_title(_wrapped_title(f"{what} against memory traffic", ds), fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def _draw_advice(ax, ds: xr.Dataset, df, metric: str) -> None:
+    """An advised result's budget (a horizontal line, where it bounds the plotted final
+    value) and its recommended configuration (a ring)."""
+    a = ds.attrs
+    if a.get("advice_metric") != metric or a.get("advice_at") != "final":
+        return
+    ax.axhline(float(a["advice_bound"]), ls="-.", lw=1, color="tab:red", zorder=1,
+               label=f"budget ({'min' if a.get('advice_direction') == 'min' else 'max'})")
+    if a.get("recommended_design"):
+        row = df[(df["design"] == a["recommended_design"])
+                 & (df["format"] == a["recommended_format"])
+                 & (df["window"] == int(a["recommended_window"]))]
+        ax.scatter(row["bytes"], row["final"], s=260, facecolors="none", edgecolors="tab:red",
+                   linewidths=1.5, zorder=3, label="recommended")
 
 
 def _speedup(x):

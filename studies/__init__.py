@@ -1,8 +1,10 @@
 """Studies: experiments that return an ``xarray.Dataset``."""
 
+from .advise import advise, recommend, recommendation
 from .compare import compare
 from .drift import StudyError, drift
 from .model_drift import model_drift
 from .window import window_sweep
 
-__all__ = ["StudyError", "compare", "drift", "model_drift", "window_sweep"]
+__all__ = ["StudyError", "advise", "compare", "drift", "model_drift", "recommend", "recommendation",
+           "window_sweep"]
