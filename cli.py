@@ -594,13 +594,15 @@ def _print_advice(ds, as_json: bool) -> bool:
             "budget": budget, "confident": bool(a.get("advice_confident", 0)),
             "recommended": best, "configurations": rows}), indent=2))
         return best is not None
-    table = Table(title=f"{_table_title(ds)}; budget {budget}", title_justify="left",
+    title = (f"advice for {a.get('model', '?')}, {a.get('steps', '?')} steps, batch "
+             f"{a.get('batch', '?')}: {budget}")
+    table = Table(title=escape(title), title_justify="left",
                   caption="cheapest first; B/elt: modelled bytes per state element per step; "
                           "x fp32: conventional fp32's 8 bytes over B/elt",
                   caption_justify="left")
     for col in ("design", "format", "window", "B/elt", "x fp32",
                 what + (" + 95%" if a.get("advice_confident") else ""), "meets", "frontier"):
-        table.add_column(col, justify="left" if col in ("design", "format") else "right")
+        table.add_column(escape(col), justify="left" if col in ("design", "format") else "right")
     for r in rows:
         pick = best is not None and all(r[k] == best[k] for k in ("design", "format", "window"))
         style = "bold green" if pick else None

@@ -126,6 +126,8 @@ def test_advise_runs_the_study_and_writes_the_advice(tmp_path, monkeypatch):
                             "--plot", "a.png"])
     assert r.exit_code == 0, r.output
     assert "recommended:" in r.output and "wrote advise-tiny-mamba2.nc" in r.output
+    text = " ".join(r.output.split())  # brackets are not read as markup
+    assert "advice for tiny-mamba2, 64 steps, batch 2: rel_err[final] <= 0.05" in text
     saved = precisionlab.load_result(tmp_path / "advise-tiny-mamba2.nc")
     best = recommendation(saved)
     assert best is not None and f"{best['design']} {best['format']} L={best['window']}" in r.output
