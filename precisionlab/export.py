@@ -15,6 +15,8 @@ from .atomic import atomic_path
 
 SUFFIXES = (".nc", ".zarr", ".csv")
 CSV_HEADER = "# precisionlab-result "
+# pandas before 3 parses floats to within an ulp unless asked for exact round trips
+EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
 STEP_DIMS = ("design", "format", "window", "step")
 
 
@@ -135,7 +137,7 @@ def load_result(path: str | os.PathLike) -> xr.Dataset:
             if not first.startswith(CSV_HEADER):
                 raise ResultError(f"{str(path)!r} is not a precisionlab CSV result")
             attrs = json.loads(first[len(CSV_HEADER):])
-            df = pd.read_csv(fh)
+            df = pd.read_csv(fh, **EXACT_FLOATS)
         return from_tidy(df, attrs)
     except ResultError:
         raise
