@@ -588,6 +588,7 @@ def _print_advice(ds, as_json: bool) -> bool:
     what = f"{a['advice_metric']}[{a['advice_at']}]"
     sign = ">=" if a["advice_direction"] == "min" else "<="
     budget = f"{what} {sign} {float(a['advice_bound']):g}"
+    held = what + (" + 95%" if a.get("advice_confident") else "")  # the number held to it
     if as_json:
         print(json.dumps(_json_ready({
             "model": a.get("model"), "steps": a.get("steps"), "batch": a.get("batch"),
@@ -600,8 +601,7 @@ def _print_advice(ds, as_json: bool) -> bool:
                   caption="cheapest first; B/elt: modelled bytes per state element per step; "
                           "x fp32: conventional fp32's 8 bytes over B/elt",
                   caption_justify="left")
-    for col in ("design", "format", "window", "B/elt", "x fp32",
-                what + (" + 95%" if a.get("advice_confident") else ""), "meets", "frontier"):
+    for col in ("design", "format", "window", "B/elt", "x fp32", held, "meets", "frontier"):
         table.add_column(escape(col), justify="left" if col in ("design", "format") else "right")
     for r in rows:
         pick = best is not None and all(r[k] == best[k] for k in ("design", "format", "window"))
@@ -620,7 +620,7 @@ def _print_advice(ds, as_json: bool) -> bool:
     row = next(r for r in rows if all(r[k] == best[k] for k in ("design", "format", "window")))
     out.print(escape(f"recommended: {row['design']} {row['format']} L={row['window']}: "
                      f"{row['bytes_per_step']:.2f} B/elt ({8 / row['bytes_per_step']:.1f}x less "
-                     f"traffic than conventional fp32), {what} = {row['value']:.3g}"),
+                     f"traffic than conventional fp32), {held} = {row['value']:.3g}"),
               highlight=False)
     return True
 

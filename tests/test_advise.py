@@ -141,6 +141,13 @@ def test_advise_runs_the_study_and_writes_the_advice(tmp_path, monkeypatch):
         c["bytes_per_step"] for c in doc["configurations"])
 
 
+def test_confident_advice_says_it_holds_the_interval(ds, tmp_path):
+    path = precisionlab.save_result(ds, tmp_path / "r.nc")
+    r = runner.invoke(app, ["advise", "--from", str(path), "--max", "0.3", "--confident"])
+    assert r.exit_code == 0, r.output
+    assert "rel_err[final] + 95% = " in " ".join(r.output.split())
+
+
 def test_advise_exits_1_when_nothing_meets_the_budget(ds, tmp_path):
     path = precisionlab.save_result(ds, tmp_path / "r.nc")
     r = runner.invoke(app, ["advise", "--from", str(path), "--max", "1e-9"])
