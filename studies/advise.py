@@ -39,6 +39,15 @@ def _budget(metric: str, max_value: float | None, min_value: float | None) -> tu
     return float(bound), higher
 
 
+def _check_length(steps: int | None, windows: Sequence[int]) -> None:
+    """A configuration is judged after it has flushed at least twice: before that, its
+    stored copy has barely been rounded and its error says little."""
+    longest = max(windows)
+    if steps is not None and steps < 2 * longest:
+        raise StudyError(f"advice needs at least two windows of steps: {steps} steps against "
+                         f"window {longest} (raise --steps to {2 * longest} or drop the window)")
+
+
 def recommend(
     ds: xr.Dataset,
     *,
@@ -62,6 +71,7 @@ def recommend(
         raise StudyError(f"the metric must be a per-step variable of the result "
                          f"({', '.join(step_metrics(ds))}), got {metric!r}")
     bound, higher = _budget(metric, max_value, min_value)
+    _check_length(ds.sizes["step"], [int(w) for w in ds["window"].values])
     try:
         value = summarise(ds, at, metric)
     except ValueError as exc:
@@ -162,6 +172,9 @@ def advise(
     modelled memory traffic whose ``metric`` stays within the budget.  ``kwargs`` go to
     :func:`precisionlab.studies.drift` (steps, batch, seed, backend, device, ...)."""
     _budget(metric, max_value, min_value)  # bad budgets fail before the study runs
+    steps = kwargs.get("steps")
+    if isinstance(steps, int) and steps >= 1:  # trace files: checked once read
+        _check_length(steps, [windows] if isinstance(windows, int) else list(windows) or [1])
     if confident and (metric != "rel_err" or at != "final"):
         raise StudyError("--confident needs the final relative error (--metric rel_err "
                          "--at final): the result keeps its spread over the sequences")

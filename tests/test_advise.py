@@ -93,6 +93,15 @@ def test_bad_budgets(ds, kwargs, message):
         recommend(ds, **kwargs)
 
 
+def test_advice_needs_two_windows_of_steps(ds):
+    """A window that has not flushed twice within the run is not judged (its copy has
+    barely been rounded), whether the study runs now or was saved."""
+    with pytest.raises(StudyError, match="two windows of steps: 96 steps against window 64"):
+        recommend(ds.reindex(window=[4, 64]), max_value=0.1)
+    with pytest.raises(StudyError, match="raise --steps to 32"):
+        precisionlab.advise("tiny-gdn", max_value=0.1, steps=31, windows=[4, 16])
+
+
 def test_advice_survives_every_result_format(ds, tmp_path):
     advised = recommend(ds, max_value=0.05)
     for suffix in (".nc", ".zarr", ".csv"):
@@ -165,8 +174,9 @@ def test_advise_exits_1_when_nothing_meets_the_budget(ds, tmp_path):
     (["--max", "0.1", "--from", "missing.nc"], "not found"),
     (["--max", "0.1", "--from", "r.nc", "--model", "tiny-gdn"], "--model sets up a study"),
     (["--max", "0.1", "--from", "r.nc", "--steps", "9"], "--steps sets up a study"),
-    (["--max", "0.1", "--steps", "8", "--out", "no/such/dir/a.nc"], "does not exist"),
-    (["--max", "0.1", "--steps", "8", "--format", "fp7"], "fp7"),
+    (["--max", "0.1", "--steps", "8", "-L", "4", "--out", "no/such/dir/a.nc"], "does not exist"),
+    (["--max", "0.1", "--steps", "8", "-L", "4", "--format", "fp7"], "fp7"),
+    (["--max", "0.1", "--steps", "100"], "two windows of steps: 100 steps against window 64"),
 ])
 def test_advise_bad_input_is_one_line_and_exit_2(ds, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
