@@ -411,6 +411,8 @@ def show(
                 {"format": str(f), "window": int(w),
                  "final_ratio": float(ratios.sel(format=f, window=w))}
                 for f in ds["format"].values for w in ds["window"].values]
+        if "meets_budget" in ds:
+            doc["advice"] = _advice_doc(ds)
         print(json.dumps(_json_ready(doc), indent=2))
         return
     for k, v in about.items():
@@ -418,6 +420,8 @@ def show(
     out.print(_summary_table(ds, _table_title(ds)))
     if ratios is not None:
         out.print(_ratio_table(ds))
+    if "meets_budget" in ds:
+        _print_advice(ds, as_json=False)
 
 
 def _json_ready(obj):
@@ -578,6 +582,23 @@ def advise(
     raise typer.Exit(0 if found else 1)
 
 
+def _budget_text(ds) -> tuple[str, str]:
+    """An advised result's metric (``rel_err[final]``) and budget (``... <= 0.05``)."""
+    a = ds.attrs
+    what = f"{a['advice_metric']}[{a['advice_at']}]"
+    sign = ">=" if a["advice_direction"] == "min" else "<="
+    return what, f"{what} {sign} {float(a['advice_bound']):g}"
+
+
+def _advice_doc(ds) -> dict:
+    """An advised result's budget, pick and configurations (cheapest first), for JSON."""
+    from precisionlab.studies import recommendation
+    from precisionlab.studies.advise import advice_table
+
+    return {"budget": _budget_text(ds)[1], "confident": bool(ds.attrs.get("advice_confident")),
+            "recommended": recommendation(ds), "configurations": advice_table(ds)}
+
+
 def _print_advice(ds, as_json: bool) -> bool:
     """Print an advised result (table or JSON); whether it recommends a configuration."""
     from precisionlab.studies import recommendation
@@ -585,15 +606,13 @@ def _print_advice(ds, as_json: bool) -> bool:
 
     rows, best = advice_table(ds), recommendation(ds)
     a = ds.attrs
-    what = f"{a['advice_metric']}[{a['advice_at']}]"
+    what, budget = _budget_text(ds)
     sign = ">=" if a["advice_direction"] == "min" else "<="
-    budget = f"{what} {sign} {float(a['advice_bound']):g}"
     held = what + (" + 95%" if a.get("advice_confident") else "")  # the number held to it
     if as_json:
         print(json.dumps(_json_ready({
             "model": a.get("model"), "steps": a.get("steps"), "batch": a.get("batch"),
-            "budget": budget, "confident": bool(a.get("advice_confident", 0)),
-            "recommended": best, "configurations": rows}), indent=2))
+            **_advice_doc(ds)}), indent=2))
         return best is not None
     title = (f"advice for {a.get('model', '?')}, {a.get('steps', '?')} steps, batch "
              f"{a.get('batch', '?')}: {budget}")

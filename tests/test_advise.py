@@ -196,3 +196,18 @@ def test_advise_api_runs_the_default_grid():
     assert advised["format"].values.tolist() == ["fp8-e4m3", "nvfp4"]
     assert recommendation(advised) is not None
     assert np.isfinite(advised["advice_value"]).all()
+
+
+def test_show_prints_a_saved_advice(ds, tmp_path):
+    path = precisionlab.save_result(recommend(ds, max_value=0.05), tmp_path / "a.nc")
+    best = recommendation(precisionlab.load_result(path))
+    r = runner.invoke(app, ["show", str(path)])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert f"recommended: {best['design']} {best['format']} L={best['window']}" in text
+    doc = json.loads(runner.invoke(app, ["show", str(path), "--json"]).stdout)
+    assert doc["advice"]["recommended"] == best
+    assert doc["advice"]["budget"] == "rel_err[final] <= 0.05"
+    plain = json.loads(runner.invoke(app, ["show", str(precisionlab.save_result(
+        ds, tmp_path / "r.nc")), "--json"]).stdout)
+    assert "advice" not in plain
