@@ -66,6 +66,7 @@ class PlotKind(str, Enum):
     curves = "curves"
     window = "window"
     tradeoff = "tradeoff"
+    heads = "heads"
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
@@ -363,14 +364,16 @@ def plot(
     result: Annotated[Path, typer.Argument(help="A result file (.nc, .zarr, .csv).")],
     kind: Annotated[PlotKind, typer.Option(
         help="curves: error per step; window: final error per window and format; tradeoff: "
-             "final error against modelled memory traffic.")] = PlotKind.curves,
+             "final error against modelled memory traffic; heads: each head's final error "
+             "against its memory.")] = PlotKind.curves,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="PNG to write.")] = Path(
         "drift.png"),
     metric: Annotated[str, typer.Option(
         help="Per-step variable to draw: rel_err, or at the model level kl, top1_agree, "
              "dlogp_p95, ...")] = "rel_err",
 ) -> None:
-    """Draw a result: drift curves, the window map, or the error / traffic trade-off."""
+    """Draw a result: drift curves, the window map, the error / traffic trade-off, or
+    the error per head."""
     from precisionlab.export import load_result
     from precisionlab.plots import save_plot
 

@@ -30,13 +30,18 @@ class StepMetrics:
     """Errors of every design at one step, against the fp64 reference.
 
     ``rel_err`` and ``state_rel_err`` are (designs, batch); ``abs_err_max`` is
-    (designs,); ``state_rel_err`` is NaN off flush steps.
+    (designs,); ``state_rel_err`` is NaN off flush steps; ``head_rel_err`` is each
+    head's own relative output error, (designs, batch, heads), and ``log_decay`` the
+    step's log state decay per head, (batch, heads)
+    (:meth:`precisionlab.kinds.LayerKind.log_decay`).
     """
 
     step: int
     rel_err: torch.Tensor
     abs_err_max: torch.Tensor
     state_rel_err: torch.Tensor
+    head_rel_err: torch.Tensor
+    log_decay: torch.Tensor
 
 
 def resolve_device(device: str) -> torch.device:
@@ -150,8 +155,9 @@ def run(
         inp = kind.prepare(raw, params32, rdt)
         y_ref = kind.reference_step_(S_ref, inp.to(torch.float64), params64)
         y_norm = y_ref.flatten(1).norm(dim=1)
+        head_norm = y_ref.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
         s_norm = None
-        rows = []  # per lane: (designs, rel_err | state_rel_err | abs_err_max)
+        rows = []  # per lane: (designs, rel_err | state_rel_err | abs_err_max | head_rel_err)
         for idx, lane in lanes:
             y, S_new = lane.step(inp, t, raw)
             diff = y.double() - y_ref
@@ -161,9 +167,12 @@ def run(
                 s_norm = S_ref.flatten(1).norm(dim=1) if s_norm is None else s_norm
                 srel = _rel(S_new.double() - S_ref, s_norm)
             abs_max = diff.flatten(1).abs().amax(1)[:, None]
-            rows.append(torch.cat((_rel(diff, y_norm), srel, abs_max), dim=1))
-        table = (torch.cat(rows)[inverse] if rows
-                 else torch.empty(0, 2 * batch + 1, dtype=torch.float64, device=dev))
+            heads = (diff.norm(dim=-1) / head_norm).flatten(1)
+            rows.append(torch.cat((_rel(diff, y_norm), srel, abs_max, heads), dim=1))
+        # the last row carries the step's log decay per head, shared by the designs
+        decay = kind.log_decay(inp, params32).double().flatten()
+        decay_row = torch.cat((nan[0, :1].expand(2 * batch + 1), decay))[None]
+        table = torch.cat((torch.cat(rows)[inverse], decay_row) if rows else (decay_row,))
         pending.append(_to_host(t, table))
         while len(pending) > (METRICS_LAG if dev.type == "cuda" else 0):
             yield from _emit(pending.popleft(), batch, on_step)
@@ -192,11 +201,14 @@ def _emit(item, batch: int, on_step: Callable[[int], None] | None) -> Iterator[S
     t, table, event = item
     if event is not None:
         event.synchronize()
+    designs, decay = table[:-1], table[-1, 2 * batch + 1:]
     yield StepMetrics(
         step=t,
-        rel_err=table[:, :batch],
-        abs_err_max=table[:, 2 * batch],
-        state_rel_err=table[:, batch:2 * batch],
+        rel_err=designs[:, :batch],
+        abs_err_max=designs[:, 2 * batch],
+        state_rel_err=designs[:, batch:2 * batch],
+        head_rel_err=designs[:, 2 * batch + 1:].reshape(len(designs), batch, -1),
+        log_decay=decay.reshape(batch, -1),
     )
     if on_step is not None:
         on_step(t)

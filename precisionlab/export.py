@@ -52,10 +52,12 @@ def check_writable(path: str | os.PathLike, suffixes: tuple[str, ...] = SUFFIXES
 
 
 def to_tidy(ds: xr.Dataset) -> pd.DataFrame:
-    """One row per (design, format, window, step); per-configuration variables repeat."""
+    """One row per (design, format, window, step); per-configuration variables repeat;
+    variables on other axes (``head_rel_err``, ``head_memory``) are left out."""
     step_vars = [v for v in ds.data_vars if ds[v].dims == STEP_DIMS]
     df = ds[step_vars].to_dataframe().reset_index()
-    others = [v for v in ds.data_vars if v not in step_vars]
+    others = [v for v in ds.data_vars
+              if v not in step_vars and set(ds[v].dims) <= set(STEP_DIMS)]
     if others:
         cfg = ds[others].to_dataframe().reset_index()
         df = df.merge(cfg, on=[d for d in STEP_DIMS[:-1] if d in cfg.columns], how="left")
@@ -68,12 +70,15 @@ def from_tidy(df: pd.DataFrame, attrs: dict) -> xr.Dataset:
     order = {d: pd.unique(df[d]) for d in STEP_DIMS}
     df = df.set_index(list(STEP_DIMS))
     config_vars = json.loads(attrs.pop("_config_vars", "[]"))
+    extra = json.loads(attrs.pop("_extra_vars", "{}"))
     ds = xr.Dataset.from_dataframe(df[[c for c in df.columns if c not in config_vars]])
     for v in config_vars:
         ds[v] = xr.DataArray.from_series(
             df[v].groupby(level=list(STEP_DIMS[:-1]), sort=False).first()
         )
     ds = ds.reindex(order)
+    for name, doc in extra.items():
+        ds[name] = xr.DataArray.from_dict(doc)
     ds.attrs.update(attrs)
     return ds
 
@@ -111,8 +116,12 @@ def save_result(ds: xr.Dataset, path: str | os.PathLike) -> Path:
         with atomic_path(path) as tmp:
             ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
     else:
-        config_vars = [v for v in ds.data_vars if ds[v].dims != STEP_DIMS]
-        header = CSV_HEADER + json.dumps({**ds.attrs, "_config_vars": json.dumps(config_vars)})
+        # variables on other axes (per head, ...) are few numbers: they ride in the header
+        extra = [v for v in ds.data_vars if not set(ds[v].dims) <= set(STEP_DIMS)]
+        extra_doc = {v: ds[v].to_dict(data="list") for v in extra}
+        config_vars = [v for v in ds.data_vars if ds[v].dims != STEP_DIMS and v not in extra]
+        header = CSV_HEADER + json.dumps({**ds.attrs, "_config_vars": json.dumps(config_vars),
+                                          "_extra_vars": json.dumps(extra_doc)})
 
         with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
             fh.write(header + "\n")

@@ -97,6 +97,11 @@ class LayerKind:
         """Conventional step updating ``S`` in place; returns the output."""
         raise NotImplementedError
 
+    def log_decay(self, inp: Any, params: Any) -> torch.Tensor:
+        """Log of each head's state decay this step, (batch, heads): how fast the head
+        forgets (and so how fast a rounding error in its state fades)."""
+        raise NotImplementedError
+
     def read_output(self, S: torch.Tensor, inp: Any, params: Any) -> torch.Tensor:
         raise NotImplementedError
 
@@ -172,6 +177,9 @@ class Mamba2Kind(LayerKind):
     def read_output(self, S, inp, params):
         return mamba2.read_output(S, inp, params)
 
+    def log_decay(self, inp, params):
+        return inp.dt * params.A.to(inp.dt.dtype)  # log a_t = dt_t A
+
     def _append(self, ring: Ring, inp: mamba2.Mamba2Inputs) -> None:
         ring.append(x=inp.x, B=inp.B, dt=inp.dt)
 
@@ -229,6 +237,9 @@ class GDNKind(LayerKind):
 
     def read_output(self, S, inp, params):
         return gdn.read_output(S, inp)
+
+    def log_decay(self, inp, params):
+        return inp.g  # log alpha_t
 
     def replay(self, S_read, ring, inp, params):
         o, d = gdn.replay_step(S_read, *ring.view("k", "g", "d"), inp)

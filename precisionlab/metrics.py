@@ -57,11 +57,15 @@ def growth_exponent(ds: xr.Dataset) -> xr.DataArray:
     return out
 
 
+def final_steps(steps: int, largest_window: int) -> int:
+    """Steps averaged by the 'final' summary of a run of ``steps``: the last 5%, at
+    least one window (the largest) and at least one step."""
+    return max(1, min(steps, max(int(largest_window), steps // 20)))
+
+
 def final_window(ds: xr.Dataset) -> int:
-    """Steps averaged by the 'final' summary: the last 5% of the run, at least one
-    window (largest window in the result) and at least one step."""
-    n = ds.sizes["step"]
-    return max(1, min(n, max(int(ds["window"].max()), n // 20)))
+    """:func:`final_steps` of a result."""
+    return final_steps(ds.sizes["step"], int(ds["window"].max()))
 
 
 def final_sem(ds: xr.Dataset, per_sequence: np.ndarray) -> xr.DataArray:
@@ -98,6 +102,17 @@ def final_half_width(ds: xr.Dataset) -> xr.DataArray:
     out = t_quantile_95(n) * ds["final_sem"]
     out.attrs = {"long_name": "half width of the final error's 95% interval (Student t)"}
     return out
+
+
+def head_memory(rate: np.ndarray) -> xr.DataArray:
+    """Each head's memory in steps, from its mean decay rate per step (-log decay):
+    the steps over which its state, and a rounding error in it, fades by a factor e."""
+    rate = np.asarray(rate, dtype=float)
+    with np.errstate(divide="ignore"):
+        steps = np.where(rate > 0, 1.0 / np.where(rate > 0, rate, 1.0), np.inf)
+    return xr.DataArray(steps, dims=("head",), attrs={
+        "long_name": "head memory: steps for its state to decay by a factor e",
+        "units": "step"})
 
 
 def summarise(ds: xr.Dataset, at: str | int = "final", var: str = "rel_err") -> xr.DataArray:

@@ -25,7 +25,7 @@ from .metrics import (  # noqa: E402
     traffic,
 )
 
-PLOT_KINDS = ("curves", "window", "tradeoff")
+PLOT_KINDS = ("curves", "window", "tradeoff", "heads")
 
 
 class PlotError(ValueError):
@@ -196,6 +196,37 @@ def tradeoff_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
     return fig
 
 
+def heads_figure(ds: xr.Dataset, metric: str = "rel_err") -> plt.Figure:
+    """Each head's final relative output error against its memory (the steps over which
+    its state decays by e), hue = format, style = design, one panel per window: heads
+    that remember longer keep a rounding error in their state longer.  Heads with no
+    error (their state fades within a step) are left out of the log axis."""
+    if metric != "rel_err":
+        raise PlotError("the heads plot shows the relative output error per head; it takes "
+                        "no other --metric")
+    if "head_rel_err" not in ds or "head_memory" not in ds:
+        raise PlotError("the result has no per-head errors (results of the layer drift "
+                        "study have them)")
+    df = ds["head_rel_err"].to_dataframe().reset_index()
+    df = df.merge(ds["head_memory"].to_dataframe().reset_index(), on="head")
+    shown = df[(df["head_rel_err"] > 0) & np.isfinite(df["head_memory"])]
+    if shown.empty:
+        raise PlotError("no head has a positive error to place on a log axis")
+    grid = sns.relplot(data=shown, x="head_memory", y="head_rel_err", hue="format",
+                       style="design", col="window", col_wrap=min(3, ds.sizes["window"]),
+                       height=3.6, aspect=1.3, s=40, alpha=0.8)
+    grid.set(xscale="log", yscale="log")
+    grid.set_axis_labels("head memory: steps to decay by e", "final relative output error")
+    grid.set_titles("window L = {col_name}")
+    left = len(df) - len(shown)
+    note = f" ({left} of {len(df)} points without error left out)" if left else ""
+    grid.figure.suptitle(_wrapped_title(f"Drift per head against its memory{note}", ds),
+                         fontsize=9)
+    grid.tight_layout()
+    grid.figure.subplots_adjust(top=1 - 0.75 / grid.figure.get_figheight())
+    return grid.figure
+
+
 def _draw_advice(ax, ds: xr.Dataset, df, metric: str) -> None:
     """An advised result's budget (a horizontal line, where it bounds the plotted final
     value) and its recommended configuration (a ring)."""
@@ -232,7 +263,7 @@ def check_plot_path(path: str | os.PathLike) -> Path:
 
 def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves",
               metric: str = "rel_err") -> Path:
-    """Draw ``kind`` ('curves', 'window' or 'tradeoff') of the per-step ``metric``
+    """Draw ``kind`` ('curves', 'window', 'tradeoff' or 'heads') of the per-step ``metric``
     (default the output error; a model-level result also has ``kl``, ``top1_agree``,
     ...) and write it to ``path`` (PNG), atomically."""
     if kind not in PLOT_KINDS:
@@ -241,7 +272,8 @@ def save_plot(ds: xr.Dataset, path: str | os.PathLike, kind: str = "curves",
         raise PlotError(f"--metric must be a per-step variable of the result "
                         f"({', '.join(step_metrics(ds))}), got {metric!r}")
     path = check_plot_path(path)
-    draw = {"curves": curves_figure, "window": window_figure, "tradeoff": tradeoff_figure}
+    draw = {"curves": curves_figure, "window": window_figure, "tradeoff": tradeoff_figure,
+            "heads": heads_figure}
     fig = draw[kind](ds, metric)
     try:
         with atomic_path(path) as tmp:

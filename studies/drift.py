@@ -13,7 +13,14 @@ import xarray as xr
 from precisionlab import __version__, engine
 from precisionlab.designs import DESIGN_KINDS, Design, make_design
 from precisionlab.kinds import ring_dtype_of
-from precisionlab.metrics import final_sem, growth_exponent, is_flush_step, traffic
+from precisionlab.metrics import (
+    final_sem,
+    final_steps,
+    growth_exponent,
+    head_memory,
+    is_flush_step,
+    traffic,
+)
 from precisionlab.traces import DYNAMICS, SavedTrace, Trace, TraceError, open_trace
 
 DEFAULT_STEPS = 2048
@@ -153,13 +160,20 @@ def drift(
     per_sequence = np.full((*shape, trace.batch), np.nan)
     index = [(labels.index(name), formats.index(d.read_format), windows.index(d.window))
              for name, d in zip(config_labels, configs, strict=True)]
+    final_start = n_steps - final_steps(n_steps, max(windows))
+    heads = np.zeros(shape[:3] + (trace.preset.heads,))  # summed over the final steps
+    decay = np.zeros(trace.preset.heads)  # -log decay per head, summed over the steps
     for m in engine.run(trace, configs, device=str(dev), backend=be, ring_dtype=ring_dtype,
                         seed=seed):
         t = m.step
+        decay -= m.log_decay.mean(0).cpu().numpy()
+        per_head = m.head_rel_err.mean(1).cpu().numpy() if t >= final_start else None
         for j, (a, b, c) in enumerate(index):
             per_sequence[a, b, c, t] = m.rel_err[j].double().cpu().numpy()
             abs_max[a, b, c, t] = float(m.abs_err_max[j])
             state[a, b, c, t] = float(m.state_rel_err[j].mean())
+            if per_head is not None:
+                heads[a, b, c] += per_head[j]
         if progress is not None:
             progress(t + 1, n_steps)
 
@@ -179,6 +193,11 @@ def drift(
     )
     ds["growth"] = growth_exponent(ds)
     ds["final_sem"] = final_sem(ds, per_sequence)
+    ds = ds.assign_coords(head=np.arange(trace.preset.heads))
+    ds["head_rel_err"] = (("design", "format", "window", "head"), heads / (n_steps - final_start),
+                          {"long_name": "each head's relative output error, mean over the "
+                                        "final steps and the batch"})
+    ds["head_memory"] = head_memory(decay / n_steps)
     p = trace.preset
     ds.attrs.update({
         "title": f"precisionlab drift: {p.name}",

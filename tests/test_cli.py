@@ -35,8 +35,8 @@ def result_file(tmp_path_factory) -> Path:
 
 def test_drift_writes_a_self_describing_result(result_file):
     ds = xr.open_dataset(result_file, engine="h5netcdf")
-    assert set(ds.dims) == {"design", "format", "window", "step"}
-    assert ds.sizes == {"design": 2, "format": 2, "window": 2, "step": 256}
+    assert set(ds.dims) == {"design", "format", "window", "step", "head"}
+    assert ds.sizes == {"design": 2, "format": 2, "window": 2, "step": 256, "head": 4}
     assert ds.attrs["model"] == "tiny-mamba2" and ds.attrs["batch"] == 2
     assert ds.attrs["command"].startswith("precisionlab drift")
     assert "version_torch" in ds.attrs and "device" in ds.attrs
@@ -45,7 +45,8 @@ def test_drift_writes_a_self_describing_result(result_file):
 
 def test_plot_every_kind(result_file, tmp_path):
     for kind, metric in (("curves", "rel_err"), ("window", "rel_err"), ("tradeoff", "rel_err"),
-                         ("curves", "rel_err_max"), ("tradeoff", "abs_err_max")):
+                         ("curves", "rel_err_max"), ("tradeoff", "abs_err_max"),
+                         ("heads", "rel_err")):
         png = tmp_path / f"{kind}-{metric}.png"
         r = invoke("plot", str(result_file), "--kind", kind, "--metric", metric, "--out",
                    str(png))
