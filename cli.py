@@ -227,6 +227,8 @@ OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", help="Result file: .nc, .zarr or .csv. Default: drift-<model>.nc")]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Also write a PNG figure.")]
 
+DesignOpt = Annotated[list[str] | None, typer.Option(
+    "--design", "-d", help="shared and/or split (repeatable).")]
 CheckpointOpt = Annotated[list[str] | None, typer.Option(
     help="Split designs' checkpoint (repeatable: one split design per format, named "
          "split-<format>). Default: fp32.")]
@@ -253,8 +255,7 @@ def drift(
         "--model", "-m", help="Preset name or trace file; with --level model also a local "
                               "Hugging Face checkpoint directory.")] = "nemotron-3-nano-4b",
     format: FormatOpt = None,
-    design: Annotated[list[str] | None, typer.Option(
-        "--design", "-d", help="shared and/or split (repeatable).")] = None,
+    design: DesignOpt = None,
     window: WindowOpt = None,
     checkpoint_format: CheckpointOpt = None,
     steps: StepsOpt = 1024,
@@ -335,8 +336,7 @@ def window_cmd(
     format: FormatOpt = None,
     window: Annotated[list[int] | None, typer.Option(
         "--window", "-L", help="Windows to sweep. Default: 1 4 8 16 32 64.")] = None,
-    design: Annotated[list[str] | None, typer.Option(
-        "--design", "-d", help="shared and/or split (repeatable).")] = None,
+    design: DesignOpt = None,
     checkpoint_format: CheckpointOpt = None,
     steps: StepsOpt = 1024,
     batch: BatchOpt = 2,
@@ -518,8 +518,7 @@ def advise(
         "--format", "-f", help="Read format (repeatable). Default: fp8-e4m3 and nvfp4.")] = None,
     window: Annotated[list[int] | None, typer.Option(
         "--window", "-L", help="Window (repeatable). Default: 4 16 64.")] = None,
-    design: Annotated[list[str] | None, typer.Option(
-        "--design", "-d", help="shared and/or split (repeatable).")] = None,
+    design: DesignOpt = None,
     checkpoint_format: Annotated[list[str] | None, typer.Option(
         help="Split designs' checkpoint (repeatable). Default: fp32 and fp16-sr.")] = None,
     steps: StepsOpt = 1024,
