@@ -449,7 +449,8 @@ def gate(
     max_rel_err: Annotated[float | None, typer.Option(help="Bound on the error.")] = None,
     metric: Annotated[str, typer.Option(
         help="Per-step variable to gate: rel_err, or at the model level kl, dlogp_mean, "
-             "dlogp_p95, top1_agree, ssm_out_rel_err, ...")] = "rel_err",
+             "dlogp_p95, top1_agree, ssm_out_rel_err, ...; or head_rel_err, the worst "
+             "head's final error.")] = "rel_err",
     max_value: Annotated[float | None, typer.Option(
         "--max", help="Upper bound on --metric.")] = None,
     min_value: Annotated[float | None, typer.Option(

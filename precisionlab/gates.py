@@ -73,6 +73,18 @@ def _select(da: xr.DataArray, where: dict[str, list[str]]) -> xr.DataArray:
     return da
 
 
+WORST_HEAD = "head_rel_err"
+"""Gated as its worst head: no head's final error may pass the bound."""
+
+
+def _summary(ds: xr.Dataset, at: str | int, var: str) -> xr.DataArray:
+    if var == WORST_HEAD:
+        if WORST_HEAD not in ds:
+            raise GateError(f"the baseline has no variable {WORST_HEAD!r}")
+        return ds[WORST_HEAD].max("head")
+    return summarise(ds, at, var)
+
+
 def check(
     ds: xr.Dataset,
     *,
@@ -89,15 +101,18 @@ def check(
 
     ``var`` is the per-step metric (default ``rel_err``; a model-level result also
     has ``kl``, ``dlogp_mean``, ``dlogp_p95``, ``top1_agree``, ``ssm_out_rel_err``),
-    summarised by ``at``.  Lower-is-better metrics take an upper bound (``max_value``,
+    summarised by ``at``, or ``head_rel_err``: the worst head's final error.
+    Lower-is-better metrics take an upper bound (``max_value``,
     or ``max_rel_err`` for ``rel_err``) and pass a baseline when at most
     ``baseline x (1 + rtol)``; ``top1_agree`` takes a lower bound (``min_value``) and
     passes a baseline when at least ``baseline x (1 - rtol)``."""
     if var not in ds.data_vars:
         raise GateError(f"the result has no variable {var!r}")
-    if var not in step_metrics(ds):
+    if var not in step_metrics(ds) and var != WORST_HEAD:
         raise GateError(f"--metric must be a per-step variable of the result "
-                        f"({', '.join(step_metrics(ds))}), got {var!r}")
+                        f"({', '.join(step_metrics(ds))}) or {WORST_HEAD}, got {var!r}")
+    if var == WORST_HEAD and at != "final":
+        raise GateError(f"{WORST_HEAD} is kept for the final steps only: gate it --at final")
     if max_rel_err is not None:
         if var != "rel_err" or max_value is not None:
             raise GateError("--max-rel-err bounds rel_err; bound other metrics with --max")
@@ -117,8 +132,8 @@ def check(
     if not (np.isfinite(rtol) and rtol >= 0):
         raise GateError(f"--rtol must be a finite number >= 0, got {rtol:g}")
     try:
-        value = _select(summarise(ds, at, var), where or {})
-        base = None if baseline is None else summarise(baseline, at, var)
+        value = _select(_summary(ds, at, var), where or {})
+        base = None if baseline is None else _summary(baseline, at, var)
     except (ValueError, KeyError) as exc:
         raise GateError(str(exc)) from None
     stacked = value.stack(config=CONFIG_DIMS)

@@ -75,3 +75,25 @@ def test_assert_drift_gates_other_metrics(ds):
     offender = r"design=shared format=nvfp4 window=1: kl\[final\] = 0.02 \(limit 0.01"
     with pytest.raises(AssertionError, match=offender):
         assert_drift(ds, metric="kl", max_value=0.01)
+
+
+def test_the_worst_head_is_gated():
+    """``head_rel_err`` gates each configuration's worst head: a bound between the
+    worst head's error and the layer's passes the layer and fails the head."""
+    import precisionlab
+    from precisionlab.metrics import summarise
+
+    run = precisionlab.drift("tiny-mamba2", "nvfp4", designs="shared", windows=4, steps=48,
+                             device="cpu")
+    worst = float(run["head_rel_err"].max())
+    layer = float(summarise(run, "final").max())
+    assert layer < worst
+    bound = (layer + worst) / 2
+    assert all(c.passed for c in check(run, max_rel_err=bound))
+    (c,) = check(run, var="head_rel_err", max_value=bound)
+    assert not c.passed and c.value == pytest.approx(worst)
+    assert all(c.passed for c in check(run, var="head_rel_err", max_value=worst))
+    with pytest.raises(GateError, match="final steps only"):
+        check(run, var="head_rel_err", max_value=1.0, at="max")
+    with pytest.raises(AssertionError, match="head_rel_err"):
+        assert_drift(run, metric="head_rel_err", max_value=bound)
