@@ -44,7 +44,8 @@ def _check_length(steps: int | None, windows: Sequence[int]) -> None:
     stored copy has barely been rounded and its error says little."""
     longest = max(windows)
     if steps is not None and steps < 2 * longest:
-        raise StudyError(f"advice needs at least two windows of steps: {steps} steps against "
+        raise StudyError(f"advice needs at least two windows of steps: {steps} "
+                         f"step{'' if steps == 1 else 's'} against "
                          f"window {longest} (raise --steps to {2 * longest} or drop the window)")
 
 
