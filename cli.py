@@ -507,7 +507,8 @@ def advise(
         "--min", help="Budget: the least --metric may fall to (top1_agree).")] = None,
     metric: Annotated[str, typer.Option(
         help="Per-step variable held to the budget: rel_err, rel_err_max, abs_err_max; "
-             "from a model-level result also kl, top1_agree, ...")] = "rel_err",
+             "head_rel_err (the worst head's final error); from a model-level result also "
+             "kl, top1_agree, ...")] = "rel_err",
     at: Annotated[str, typer.Option(help="final, max, mean or a step index.")] = "final",
     confident: Annotated[bool, typer.Option(
         "--confident", help="The final error's 95% interval over the sequences must lie "

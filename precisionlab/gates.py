@@ -13,7 +13,7 @@ import xarray as xr
 
 from .atomic import atomic_path
 from .export import plain_value
-from .metrics import HIGHER_IS_BETTER, step_metrics, summarise
+from .metrics import HIGHER_IS_BETTER, WORST_HEAD, metric_summary, step_metrics
 
 CONFIG_DIMS = ("design", "format", "window")
 
@@ -73,18 +73,6 @@ def _select(da: xr.DataArray, where: dict[str, list[str]]) -> xr.DataArray:
     return da
 
 
-WORST_HEAD = "head_rel_err"
-"""Gated as its worst head: no head's final error may pass the bound."""
-
-
-def _summary(ds: xr.Dataset, at: str | int, var: str) -> xr.DataArray:
-    if var == WORST_HEAD:
-        if WORST_HEAD not in ds:
-            raise GateError(f"the baseline has no variable {WORST_HEAD!r}")
-        return ds[WORST_HEAD].max("head")
-    return summarise(ds, at, var)
-
-
 def check(
     ds: xr.Dataset,
     *,
@@ -111,8 +99,6 @@ def check(
     if var not in step_metrics(ds) and var != WORST_HEAD:
         raise GateError(f"--metric must be a per-step variable of the result "
                         f"({', '.join(step_metrics(ds))}) or {WORST_HEAD}, got {var!r}")
-    if var == WORST_HEAD and at != "final":
-        raise GateError(f"{WORST_HEAD} is kept for the final steps only: gate it --at final")
     if max_rel_err is not None:
         if var != "rel_err" or max_value is not None:
             raise GateError("--max-rel-err bounds rel_err; bound other metrics with --max")
@@ -132,8 +118,8 @@ def check(
     if not (np.isfinite(rtol) and rtol >= 0):
         raise GateError(f"--rtol must be a finite number >= 0, got {rtol:g}")
     try:
-        value = _select(_summary(ds, at, var), where or {})
-        base = None if baseline is None else _summary(baseline, at, var)
+        value = _select(metric_summary(ds, at, var), where or {})
+        base = None if baseline is None else metric_summary(baseline, at, var)
     except (ValueError, KeyError) as exc:
         raise GateError(str(exc)) from None
     stacked = value.stack(config=CONFIG_DIMS)

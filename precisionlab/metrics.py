@@ -115,6 +115,22 @@ def head_memory(rate: np.ndarray) -> xr.DataArray:
         "units": "step"})
 
 
+WORST_HEAD = "head_rel_err"
+"""Summarised as its worst head: the largest of the heads' final errors."""
+
+
+def metric_summary(ds: xr.Dataset, at: str | int, metric: str) -> xr.DataArray:
+    """One number per configuration of a per-step ``metric`` (:func:`summarise`) or of
+    ``head_rel_err``, the worst head's final error (``at`` must be 'final')."""
+    if metric != WORST_HEAD:
+        return summarise(ds, at, metric)
+    if at != "final":
+        raise ValueError(f"{WORST_HEAD} is kept for the final steps only: use it at final")
+    if WORST_HEAD not in ds:
+        raise ValueError(f"the result has no variable {WORST_HEAD!r}")
+    return ds[WORST_HEAD].max("head")
+
+
 def summarise(ds: xr.Dataset, at: str | int = "final", var: str = "rel_err") -> xr.DataArray:
     """One number per configuration: 'final' (mean over the last steps, see
     :func:`final_window`), 'max', 'mean', or the value at a step index."""

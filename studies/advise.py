@@ -10,10 +10,11 @@ import xarray as xr
 
 from precisionlab.metrics import (
     HIGHER_IS_BETTER,
+    WORST_HEAD,
     final_half_width,
     frontier,
+    metric_summary,
     step_metrics,
-    summarise,
     traffic,
 )
 
@@ -60,21 +61,22 @@ def recommend(
 ) -> xr.Dataset:
     """``ds`` (a drift, window, compare or model-level result) with the advice added.
 
-    Each configuration's ``metric`` summarised ``at`` (final, max, mean or a step) must
-    stay within the budget: at most ``max_value`` (errors, divergences) or at least
-    ``min_value`` (``top1_agree``).  With ``confident`` the final error's 95% interval
+    Each configuration's ``metric`` summarised ``at`` (final, max, mean or a step; for
+    ``head_rel_err`` the worst head's final error) must stay within the budget: at
+    most ``max_value`` (errors, divergences) or at least ``min_value``
+    (``top1_agree``).  With ``confident`` the final error's 95% interval
     over the batch's sequences (Student t) must lie within it, not only its mean.
     Adds ``advice_value`` (the number held against the budget) and ``meets_budget``
     per configuration; the attributes name the budget and the recommendation, the
     configuration that meets it with the least modelled traffic (ties: the better
     value), or none (see :func:`recommendation`)."""
-    if metric not in step_metrics(ds):
+    if metric not in step_metrics(ds) and not (metric == WORST_HEAD and metric in ds):
         raise StudyError(f"the metric must be a per-step variable of the result "
-                         f"({', '.join(step_metrics(ds))}), got {metric!r}")
+                         f"({', '.join(step_metrics(ds))}) or {WORST_HEAD}, got {metric!r}")
     bound, higher = _budget(metric, max_value, min_value)
     _check_length(ds.sizes["step"], [int(w) for w in ds["window"].values])
     try:
-        value = summarise(ds, at, metric)
+        value = metric_summary(ds, at, metric)
     except ValueError as exc:
         raise StudyError(str(exc)) from None
     if confident:
@@ -179,9 +181,11 @@ def advise(
     if confident and (metric != "rel_err" or at != "final"):
         raise StudyError("--confident needs the final relative error (--metric rel_err "
                          "--at final): the result keeps its spread over the sequences")
-    if metric not in ("rel_err", "rel_err_max", "abs_err_max"):
-        raise StudyError(f"a layer's drift study measures rel_err, rel_err_max and "
-                         f"abs_err_max; advise on {metric!r} from a model-level result")
+    if metric not in ("rel_err", "rel_err_max", "abs_err_max", WORST_HEAD):
+        raise StudyError(f"a layer's drift study measures rel_err, rel_err_max, abs_err_max "
+                         f"and {WORST_HEAD}; advise on {metric!r} from a model-level result")
+    if metric == WORST_HEAD and at != "final":
+        raise StudyError(f"{WORST_HEAD} is kept for the final steps only: use --at final")
     ds = drift(model, formats, designs=designs, windows=windows,
                checkpoint_format=checkpoint_format, **kwargs)
     return recommend(ds, max_value=max_value, min_value=min_value, metric=metric, at=at,

@@ -211,3 +211,21 @@ def test_show_prints_a_saved_advice(ds, tmp_path):
     plain = json.loads(runner.invoke(app, ["show", str(precisionlab.save_result(
         ds, tmp_path / "r.nc")), "--json"]).stdout)
     assert "advice" not in plain
+
+
+def test_a_budget_on_the_worst_head(ds, tmp_path):
+    worst = ds["head_rel_err"].max("head")
+    bound = float(worst.median())
+    advised = recommend(ds, max_value=bound, metric="head_rel_err")
+    assert recommendation(advised) == _brute_force(ds, worst, lambda v: v <= bound)
+    # a worst-head budget is stricter than the same bound on the layer's error
+    layer = recommend(ds, max_value=bound)
+    assert int(advised["meets_budget"].sum()) <= int(layer["meets_budget"].sum())
+    with pytest.raises(StudyError, match="final steps only"):
+        recommend(ds, max_value=bound, metric="head_rel_err", at="max")
+    r = runner.invoke(app, ["advise", "--model", "tiny-gdn", "--device", "cpu", "--steps", "32",
+                            "-L", "4", "--metric", "head_rel_err", "--max", "10", "--json",
+                            "--out", str(tmp_path / "a.nc")])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["budget"] == "head_rel_err[final] <= 10" and doc["recommended"] is not None
