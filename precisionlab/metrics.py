@@ -212,8 +212,9 @@ def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
     """One plain record per configuration, as the study tables print them: design,
     format, window, bytes_per_step, final, peak and mean error, final_sem and final_ci95
     (its 95% half width, :func:`final_half_width`; NaN where the result has none),
-    growth, frontier, and at the model level kl_mean, top1_agree_mean and
-    first_divergence (None: never)."""
+    growth, frontier, the worst head (its index, final error and memory: worst_head,
+    worst_head_err, worst_head_memory) where the result keeps per-head errors, and at
+    the model level kl_mean, top1_agree_mean and first_divergence (None: never)."""
     final, peak, mean = (summarise(ds, a) for a in ("final", "max", "mean"))
     half = final_half_width(ds)
     cost = traffic(ds)
@@ -232,6 +233,11 @@ def summary_records(ds: xr.Dataset) -> list[dict[str, object]]:
                     else float("nan"),
                     "final_ci95": float(half.sel(sel)),
                     "growth": float(ds["growth"].sel(sel)), "frontier": bool(best.sel(sel))}
+                if WORST_HEAD in ds:
+                    heads = ds[WORST_HEAD].sel(sel)
+                    worst = int(heads.argmax("head"))
+                    row.update(worst_head=worst, worst_head_err=float(heads[worst]),
+                               worst_head_memory=float(ds["head_memory"][worst]))
                 if model_level:
                     first = float(ds["first_divergence"].sel(sel))
                     row.update(kl_mean=float(ds["kl"].sel(sel).mean()),

@@ -85,3 +85,14 @@ def test_plot_heads(tmp_path):
     r = runner.invoke(app, ["plot", str(tmp_path / "old.nc"), "--kind", "heads", "--out",
                             str(tmp_path / "y.png")])
     assert r.exit_code == 2 and "no per-head errors" in r.output
+
+
+def test_summary_names_each_configurations_worst_head():
+    ds = precisionlab.drift("tiny-gdn", ["nvfp4", "fp8-e4m3"], windows=[4], steps=40,
+                            device="cpu")
+    rows = precisionlab.summary(ds)
+    for (design, fmt, window), row in rows.iterrows():
+        heads = ds["head_rel_err"].sel(design=design, format=fmt, window=window).values
+        assert row["worst_head"] == int(np.argmax(heads))
+        assert row["worst_head_err"] == heads.max()
+        assert row["worst_head_memory"] == ds["head_memory"].values[row["worst_head"]]
