@@ -23,7 +23,6 @@ from .drift import StudyError, drift
 DEFAULT_FORMATS = ("fp8-e4m3", "nvfp4")
 DEFAULT_WINDOWS = (4, 16, 64)
 DEFAULT_CHECKPOINTS = ("fp32", "fp16-sr")
-CONFIG_DIMS = ("design", "format", "window")
 
 
 def _budget(metric: str, max_value: float | None, min_value: float | None) -> tuple[float, bool]:
