@@ -42,7 +42,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # after the installed packages: kernels/ must not shadow one
 
 from precisionlab.kernels import gdn_decode, gdn_step  # noqa: E402
 from precisionlab.presets import get_preset  # noqa: E402

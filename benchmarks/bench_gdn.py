@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the package from this checkout, installed or not
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # after the installed packages: kernels/ must not shadow one
 
 # Launch configurations (keywords of kernels.gdn_decode.GDNReplayCache).  Batch 1: one
 # fused launch per step (16-row programs; an nvfp4 copy's flush needs whole matrices:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # after the installed packages: kernels/ must not shadow one
 
 from precisionlab.studies.paired import (  # noqa: E402
     PairedError,

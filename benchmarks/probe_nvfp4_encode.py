@@ -31,7 +31,7 @@ import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # after the installed packages: kernels/ must not shadow one
 
 from precisionlab.formats.nvfp4 import NVFP4  # noqa: E402
 from precisionlab.kernels.tl_formats import (  # noqa: E402

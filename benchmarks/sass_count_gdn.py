@@ -28,7 +28,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+        sys.path.append(str(p))  # after the installed packages (see bench_gdn.py)
 
 from sass_count import _INSN, _Recorder, _stats, compile_call, sass_of  # noqa: E402
 

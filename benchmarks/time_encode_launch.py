@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, Path(__file__).resolve().parent):
     if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+        sys.path.append(str(p))  # after the installed packages (see bench_gdn.py)
 
 from profile_steps import DESIGNS  # noqa: E402
 from window_cli import (  # noqa: E402

@@ -39,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, Path(__file__).resolve().parent):
     if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+        sys.path.append(str(p))  # after the installed packages (see bench_gdn.py)
 
 from profile_steps import DESIGNS, _check_split, _split_fields, field_value  # noqa: E402
 from window_cli import (  # noqa: E402

@@ -8,8 +8,17 @@ redundant re-patching of ``triton.language``
 operation is cheaper (``kernels.testing.cache_interpreter_types``)."""
 
 import os
+import sys
+from pathlib import Path
 
 import torch
+
+# The checkout's top-level folders (kernels/, formats/, studies/) are importable as
+# top-level packages while the checkout is on sys.path (``python -m pytest`` puts the
+# working directory first).  Keep it last, so that they never shadow an installed
+# package of the same name: transformers imports the ``kernels`` distribution.
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT] + [str(ROOT)]
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"

@@ -26,15 +26,32 @@ PACKED_KWARGS = ("cu_seqlens", "seq_idx")
 (such calls always go to the package)."""
 
 
-def package_bound_torch_function(fn: Any) -> Callable | None:
-    """The torch function behind a transformers kernel-fallback wrapper ``fn`` whose
-    implementation is an installed package's, else None (a plain function, or a wrapper
-    that already runs the torch function)."""
-    if not inspect.isfunction(fn) or fn.__closure__ is None or hasattr(fn, ROUTED_ATTR):
+def _fallback_closure(fn: Any, depth: int = 0) -> dict[str, Any] | None:
+    """The closure of transformers' kernel-fallback wrapper inside ``fn``: ``fn`` itself,
+    or, where the ``kernels`` package is installed, the function that its hub layer
+    (an ``nn.Module`` instance standing for the function) calls."""
+    if isinstance(fn, torch.nn.Module):
+        fn = type(fn).forward
+    if not inspect.isfunction(fn) or fn.__closure__ is None or depth > 3:
         return None
     try:
         nonlocals = inspect.getclosurevars(fn).nonlocals
     except (TypeError, ValueError):
+        return None
+    if "torch_function" in nonlocals and "implementation" in nonlocals:
+        return nonlocals
+    return _fallback_closure(nonlocals.get("func"), depth + 1)
+
+
+def package_bound_torch_function(fn: Any) -> Callable | None:
+    """The torch function behind a transformers kernel-fallback wrapper ``fn`` whose
+    implementation is an installed package's and which does not send CPU inputs to the
+    torch function itself (newer transformers do, for the packages they know), else
+    None (a plain function, or a wrapper that already runs the torch function)."""
+    if hasattr(fn, ROUTED_ATTR):
+        return None
+    nonlocals = _fallback_closure(fn)
+    if nonlocals is None or nonlocals.get("supported_devices") is not None:
         return None
     torch_fn, impl = nonlocals.get("torch_function"), nonlocals.get("implementation")
     if inspect.isfunction(torch_fn) and impl is not None and impl is not torch_fn:
