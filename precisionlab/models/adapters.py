@@ -41,16 +41,24 @@ def _apply_mask(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return (t * mask[:, :, None]).to(t.dtype)
 
 
-def _conv_update(mixer: nn.Module, xbc: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+def _conv_update(mixer: nn.Module, xbc: torch.Tensor, state: torch.Tensor,
+                 cache: Any) -> torch.Tensor:
     """One causal-conv step (``xbc`` is (batch, channels, 1)); updates ``state`` in
     place.  Uses the modeling module's ``causal_conv1d_update`` (the function the
-    mixer itself calls, including an installed fused kernel)."""
-    fn = getattr(sys.modules.get(type(mixer).__module__), "causal_conv1d_update", None)
+    mixer itself calls, including an installed fused kernel).  Where the modeling
+    module's own decode step counts the token in the cache (transformers 5.25 and
+    later: ``causal_conv1d_forward``), this one does too, or the model's next
+    positions would lag."""
+    module = sys.modules.get(type(mixer).__module__)
+    fn = getattr(module, "causal_conv1d_update", None)
     if fn is None:
         raise ModelError(f"{type(mixer).__module__} has no causal_conv1d_update; "
                          "this transformers version is not supported")
     weight = mixer.conv1d.weight.squeeze(1)
-    return fn(xbc, state, weight, mixer.conv1d.bias, activation=mixer.activation)
+    out = fn(xbc, state, weight, mixer.conv1d.bias, activation=mixer.activation)
+    if hasattr(module, "causal_conv1d_forward") and hasattr(cache, "increase_count"):
+        cache.increase_count(mixer.layer_idx, 0)
+    return out
 
 
 def conv_state(cache: Any, layer_idx: int) -> torch.Tensor | None:
@@ -129,7 +137,7 @@ class Mamba2Adapter(MixerAdapter):
         proj = mixer.in_proj(_apply_mask(hidden_states, mask))
         gate, xbc, dt = proj.split([mixer.intermediate_size, mixer.conv_dim, H], dim=-1)
         state = conv_state(cache, mixer.layer_idx)
-        xbc = _conv_update(mixer, xbc.transpose(1, 2), state).transpose(1, 2)
+        xbc = _conv_update(mixer, xbc.transpose(1, 2), state, cache).transpose(1, 2)
         xbc = _apply_mask(xbc, mask)
         x, B, C = torch.split(xbc, [mixer.intermediate_size, G * N, G * N], dim=-1)
         raw = {"x": x.reshape(b, H, P), "dt_raw": dt.reshape(b, H),
@@ -167,7 +175,7 @@ class GDNAdapter(MixerAdapter):
         bsz = hidden_states.shape[0]
         qkv, z, b, a = self._projections(mixer, _apply_mask(hidden_states, mask))
         state = conv_state(cache, mixer.layer_idx)
-        qkv = _conv_update(mixer, qkv.transpose(1, 2), state).transpose(1, 2)
+        qkv = _conv_update(mixer, qkv.transpose(1, 2), state, cache).transpose(1, 2)
         q, k, v = torch.split(qkv, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
         Hk, K, Hv, V = mixer.num_k_heads, mixer.head_k_dim, mixer.num_v_heads, mixer.head_v_dim
         raw = {"q": q.reshape(bsz, Hk, K), "k": k.reshape(bsz, Hk, K), "v": v.reshape(bsz, Hv, V),
