@@ -27,7 +27,7 @@ SUPPORTED_MODEL_TYPES = {
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-MIN_TRANSFORMERS = (5, 17)  # oldest release tested (5.17 and 5.24)
+MIN_TRANSFORMERS = (5, 17)  # oldest release tested (5.17, 5.24 and 5.25)
 
 
 def require_transformers():
