@@ -189,6 +189,18 @@ def command_line(ctx: typer.Context) -> str:
     return shlex.join(words)
 
 
+def _decode(ctx: typer.Context, study: Callable, **kwargs):
+    """Run ``study`` with a progress bar over its decode steps and the command line
+    recorded in its result."""
+    with _progress() as progress:
+        task = progress.add_task("decoding", total=None)
+
+        def tick(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return study(progress=tick, command=command_line(ctx), **kwargs)
+
+
 def _run_study(ctx: typer.Context, study: Callable, out_path: Path | None,
                plot_path: Path | None, plot_kind: str, **kwargs):
     from precisionlab.export import check_writable, save_result
@@ -198,13 +210,7 @@ def _run_study(ctx: typer.Context, study: Callable, out_path: Path | None,
         check_writable(out_path)
     if plot_path is not None:
         check_plot_path(plot_path)
-    with _progress() as progress:
-        task = progress.add_task("decoding", total=None)
-
-        def tick(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-
-        ds = study(progress=tick, command=command_line(ctx), **kwargs)
+    ds = _decode(ctx, study, **kwargs)
     out.print(_summary_table(ds, _table_title(ds)))
     if out_path is not None:
         out.print(f"wrote {save_result(ds, out_path)}")
@@ -439,6 +445,15 @@ def _json_ready(obj):
     return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 
+def _parse_at(at: str) -> str | int:
+    """``--at``: final, max, mean, or a step index as an int (exit 2 otherwise)."""
+    if at in ("final", "max", "mean"):
+        return at
+    if not at.lstrip("-").isdigit():
+        fail(f"--at must be final, max, mean or a step index, got {at!r}")
+    return int(at)
+
+
 class ResultSummaryError(ValueError):
     """A result file without the variables a summary needs."""
 
@@ -468,9 +483,7 @@ def gate(
     from precisionlab import gates
     from precisionlab.export import load_result
 
-    if at not in ("final", "max", "mean") and not at.lstrip("-").isdigit():
-        fail(f"--at must be final, max, mean or a step index, got {at!r}")
-    at_value: str | int = at if at in ("final", "max", "mean") else int(at)
+    at_value = _parse_at(at)
     if junit is not None and any(p is not None and junit.resolve() == p.resolve()
                                  for p in (result, baseline)):
         fail(f"--junit {str(junit)!r} would overwrite a result being gated")
@@ -545,9 +558,7 @@ def advise(
     from precisionlab.studies import recommend
     from precisionlab.studies.advise import DEFAULT_CHECKPOINTS, DEFAULT_FORMATS, DEFAULT_WINDOWS
 
-    if at not in ("final", "max", "mean") and not at.lstrip("-").isdigit():
-        fail(f"--at must be final, max, mean or a step index, got {at!r}")
-    at_value: str | int = at if at in ("final", "max", "mean") else int(at)
+    at_value = _parse_at(at)
     budget = dict(max_value=max_value, min_value=min_value, metric=metric, at=at_value,
                   confident=confident)
     if from_result is not None:
@@ -570,10 +581,7 @@ def advise(
                               checkpoint_format or list(DEFAULT_CHECKPOINTS), steps, batch, seed,
                               dynamics, ring_dtype, backend, device)
         opts["designs"] = design or ["shared", "split"]
-        with _progress() as progress:
-            task = progress.add_task("decoding", total=None)
-            return study(progress=lambda d, t: progress.update(task, completed=d, total=t),
-                         command=command_line(ctx), **opts, **budget)
+        return _decode(ctx, study, **opts, **budget)
 
     ds = guarded(run)
     found = _print_advice(ds, as_json)
@@ -605,13 +613,14 @@ def _advice_doc(ds) -> dict:
 
 def _print_advice(ds, as_json: bool) -> bool:
     """Print an advised result (table or JSON); whether it recommends a configuration."""
+    from precisionlab.designs import CONVENTIONAL_FP32_BYTES
     from precisionlab.studies import recommendation
     from precisionlab.studies.advise import advice_table
 
     rows, best = advice_table(ds), recommendation(ds)
     a = ds.attrs
     what, budget = _budget_text(ds)
-    sign = ">=" if a["advice_direction"] == "min" else "<="
+    higher = a["advice_direction"] == "min"
     held = what + (" + 95%" if a.get("advice_confident") else "")  # the number held to it
     if as_json:
         print(json.dumps(_json_ready({
@@ -630,19 +639,21 @@ def _print_advice(ds, as_json: bool) -> bool:
         pick = best is not None and all(r[k] == best[k] for k in ("design", "format", "window"))
         style = "bold green" if pick else None
         table.add_row(r["design"], r["format"], str(r["window"]), f"{r['bytes_per_step']:.2f}",
-                      f"{8 / r['bytes_per_step']:.1f}", f"{r['value']:.3e}",
+                      f"{CONVENTIONAL_FP32_BYTES / r['bytes_per_step']:.1f}",
+                      f"{r['value']:.3e}",
                       "yes" if r["meets_budget"] else "no", "yes" if r["frontier"] else "",
                       style=style)
     out.print(table)
     if best is None:
-        closest = min(rows, key=lambda r: -r["value"] if sign == ">=" else r["value"])
+        closest = min(rows, key=lambda r: -r["value"] if higher else r["value"])
         out.print(escape(f"no configuration meets {budget}; the closest is {closest['design']} "
                          f"{closest['format']} L={closest['window']} at "
                          f"{closest['value']:.3g}"), highlight=False)
         return False
     row = next(r for r in rows if all(r[k] == best[k] for k in ("design", "format", "window")))
     out.print(escape(f"recommended: {row['design']} {row['format']} L={row['window']}: "
-                     f"{row['bytes_per_step']:.2f} B/elt ({8 / row['bytes_per_step']:.1f}x less "
+                     f"{row['bytes_per_step']:.2f} B/elt "
+                     f"({CONVENTIONAL_FP32_BYTES / row['bytes_per_step']:.1f}x less "
                      f"traffic than conventional fp32), {held} = {row['value']:.3g}"),
               highlight=False)
     return True

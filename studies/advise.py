@@ -113,15 +113,25 @@ def recommend(
     return out
 
 
+def _cheapest_first(value: xr.DataArray, cost: xr.DataArray, meets: xr.DataArray,
+                    higher: bool):
+    """Every configuration as a row (design, format, window, bytes_per_step, value,
+    meets_budget), least traffic first and, at equal traffic, the better value first."""
+    frame = xr.Dataset({"bytes_per_step": cost, "value": value,
+                        "meets_budget": meets.astype(bool)}).to_dataframe().reset_index()
+    order = -frame["value"] if higher else frame["value"]
+    return frame.assign(order=order).sort_values(["bytes_per_step", "order"], kind="stable")
+
+
 def _cheapest(value: xr.DataArray, cost: xr.DataArray, meets: xr.DataArray,
               higher: bool) -> dict[str, object] | None:
-    frame = xr.Dataset({"value": value, "cost": cost, "meets": meets}).to_dataframe()
-    frame = frame[frame["meets"].astype(bool)]
+    frame = _cheapest_first(value, cost, meets, higher)
+    frame = frame[frame["meets_budget"]]
     if frame.empty:
         return None
-    frame = frame.assign(order=-frame["value"] if higher else frame["value"])
-    design, fmt, window = frame.sort_values(["cost", "order"]).index[0]
-    return {"design": str(design), "format": str(fmt), "window": int(window)}
+    first = frame.iloc[0]
+    return {"design": str(first["design"]), "format": str(first["format"]),
+            "window": int(first["window"])}
 
 
 def recommendation(ds: xr.Dataset) -> dict[str, object] | None:
@@ -143,15 +153,12 @@ def advice_table(ds: xr.Dataset) -> list[dict[str, object]]:
         raise StudyError("the result has no advice: run precisionlab advise on it")
     higher = ds.attrs.get("advice_direction") == "min"
     value, cost = ds["advice_value"], traffic(ds)
-    best = frontier(-value if higher else value, cost)
-    frame = xr.Dataset({"bytes_per_step": cost, "value": value,
-                        "meets_budget": ds["meets_budget"].astype(bool),
-                        "frontier": best}).to_dataframe().reset_index()
-    frame = frame.assign(order=-frame["value"] if higher else frame["value"])
-    frame = frame.sort_values(["bytes_per_step", "order"], kind="stable").drop(columns="order")
+    frame = _cheapest_first(value, cost, ds["meets_budget"], higher)
+    best = frontier(-value if higher else value, cost).to_series()
     return [{"design": str(r.design), "format": str(r.format), "window": int(r.window),
              "bytes_per_step": float(r.bytes_per_step), "value": float(r.value),
-             "meets_budget": bool(r.meets_budget), "frontier": bool(r.frontier)}
+             "meets_budget": bool(r.meets_budget),
+             "frontier": bool(best.loc[(r.design, r.format, r.window)])}
             for r in frame.itertuples()]
 
 
