@@ -18,6 +18,7 @@ for the checkpoint and ``seed + 1`` for a split read copy.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,14 +85,18 @@ def make_design(kind: str, fmt: str, window: int, checkpoint_format: str = "fp32
     """Validated constructor used by the API and the CLI."""
     if kind not in DESIGN_KINDS:
         raise DesignError(f"unknown design {kind!r}; choose one of {', '.join(DESIGN_KINDS)}")
-    if int(window) < 1:
+    try:
+        window = operator.index(window)
+    except TypeError:
+        raise DesignError(f"window must be a positive integer, got {window!r}") from None
+    if window < 1:
         raise DesignError(f"window must be a positive integer, got {window}")
     formats.get(fmt)
     if kind == "shared":
         checkpoint_format = fmt
     else:
         formats.get(checkpoint_format)
-    return Design(kind, fmt, int(window), checkpoint_format)
+    return Design(kind, fmt, window, checkpoint_format)
 
 
 def store_state(

@@ -3,6 +3,7 @@ step by step, as an ``xarray.Dataset``."""
 
 from __future__ import annotations
 
+import numbers
 import platform
 from collections.abc import Callable, Sequence
 
@@ -53,7 +54,7 @@ def build_designs(
         for ckpt in checkpoints if kind == "split" else checkpoints[:1]:
             for fmt in formats:
                 for w in windows:
-                    out.append(make_design(kind, fmt, int(w), ckpt))
+                    out.append(make_design(kind, fmt, w, ckpt))
     return out
 
 
@@ -91,10 +92,9 @@ def open_model(model: str, *, steps: int | None, batch: int, seed: int, dynamics
     """A preset name or a trace file, as a trace of (at most) ``steps`` steps."""
     if dynamics not in DYNAMICS:
         raise StudyError(f"unknown dynamics {dynamics!r}; choose one of {', '.join(DYNAMICS)}")
-    if steps is not None and steps < 1:
-        raise StudyError(f"steps must be positive, got {steps}")
-    if batch < 1:
-        raise StudyError(f"batch must be positive, got {batch}")
+    for name, value in (("steps", steps), ("batch", batch)):
+        if value is not None and (not isinstance(value, numbers.Integral) or value < 1):
+            raise StudyError(f"{name} must be a positive integer, got {value!r}")
     try:
         trace = open_trace(model, steps=steps or DEFAULT_STEPS, batch=batch, seed=seed,
                            dynamics=dynamics)
@@ -144,6 +144,7 @@ def drift(
         configs = build_designs(designs, formats, windows, checkpoints)
     except (ValueError, KeyError) as exc:
         raise StudyError(str(exc)) from None
+    windows = list(dict.fromkeys(d.window for d in configs))
     trace = open_model(model, steps=steps, batch=batch, seed=seed, dynamics=dynamics)
     try:
         dev = engine.resolve_device(device)

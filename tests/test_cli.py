@@ -151,7 +151,7 @@ def test_gate_against_a_baseline(result_file):
         (["drift", "--model", "tiny-gdn", "--format", "fp7"], "unknown format"),
         (["drift", "--model", "tiny-gdn", "--design", "both"], "unknown design"),
         (["drift", "--model", "tiny-gdn", "--window", "0"], "window"),
-        (["drift", "--model", "tiny-gdn", "--steps", "0"], "steps must be positive"),
+        (["drift", "--model", "tiny-gdn", "--steps", "0"], "steps must be a positive integer"),
         (["drift", "--model", "tiny-gdn", "--out", "/no/such/dir/r.nc"], "does not exist"),
         (["drift", "--model", "tiny-gdn", "--out", "r.txt"], "cannot tell the file type"),
         (["drift", "--model", "tiny-gdn", "--device", "cuda"], "CUDA"),

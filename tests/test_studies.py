@@ -264,3 +264,24 @@ def test_csv_results_read_back_bit_for_bit(ds, tmp_path):
     back = load_result(save_result(noisy, tmp_path / "r.csv"))
     for name, var in noisy.data_vars.items():
         assert np.array_equal(back[name].values, var.values, equal_nan=True), name
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"windows": "4"}, "window must be a positive integer, got '4'"),
+    ({"windows": (4.5,)}, "window must be a positive integer, got 4.5"),
+    ({"steps": 8.5}, "steps must be a positive integer, got 8.5"),
+    ({"batch": 2.0}, "batch must be a positive integer, got 2.0"),
+])
+def test_non_integer_sizes_are_refused_by_name(kwargs, message):
+    """A window, step count or batch that is not an integer is named in the error (never
+    truncated to one, never an unrelated lookup failure)."""
+    from precisionlab.studies import StudyError
+
+    args = {"steps": 8, **kwargs}
+    with pytest.raises(StudyError, match=message.replace(".", r"\.")):
+        precisionlab.drift("tiny-gdn", "nvfp4", **args)
+
+
+def test_numpy_integer_windows_are_windows():
+    ds = precisionlab.drift("tiny-gdn", "nvfp4", windows=np.array([2, 4]), steps=8)
+    assert ds["window"].values.tolist() == [2, 4]
