@@ -107,7 +107,9 @@ def stochastic_round(
     index_hash = hashed_index(tuple(x.shape), x.device)
     key = torch.tensor(stream_key_i32(seed, step), dtype=torch.int32, device=x.device)
     args = (x, index_hash, key, mantissa_bits, emin, max_normal)
-    if not x.is_cuda or _FUSED["off"]:
+    if not x.is_cuda:
+        return _sr_bits(*args)
+    if _FUSED["off"]:
         return _sr_core(*args)
     try:
         return _fused_sr_core()(*args)
@@ -135,6 +137,43 @@ def _sr_core(
     q = (lo + (u < (v - lo)).to(torch.float32)) * pow2(e - mantissa_bits)
     q = torch.copysign(torch.clamp_max(q, max_normal), x)
     return torch.where(torch.isfinite(x), q, x)
+
+
+_SIGN = -(2**31)  # the float32 sign bit as an int32
+_EXPONENT = 0x7F800000  # the float32 exponent field; bits at or above it are inf or NaN
+
+
+def _sr_bits(
+    x: torch.Tensor, index_hash: torch.Tensor, key: torch.Tensor, mantissa_bits: int,
+    emin: int, max_normal: float,
+) -> torch.Tensor:
+    """:func:`_sr_core`'s bits in a few integer passes (for eager CPU tensors).
+
+    Where ``|x|`` is normal in the target format, its ulp is the float32 value of the
+    ``drop = 23 - mantissa_bits`` low mantissa bits, ``frac = low / 2**drop`` and
+    ``u = k / 2**24`` with ``k = bits >>> 8``; so ``u < frac`` exactly when the top
+    ``drop`` random bits, ``t``, are below ``low``, which is when adding ``~t`` to the
+    magnitude's bits carries out of the low bits.  Adding it and clearing the low bits
+    rounds up or down (a carry into the exponent is the next binade), and the result
+    is clamped to max_normal's bits.  Target subnormals and zeros take
+    :func:`_sr_core` on their elements; NaN and ±inf are returned as they are.
+    """
+    drop = 23 - mantissa_bits
+    low_bits = (1 << drop) - 1
+    b = x.view(torch.int32)
+    mag = b & 0x7FFFFFFF
+    up = (~bits_i32(index_hash, key) >> (32 - drop)) & low_bits
+    q = ((mag + up) & ~low_bits).clamp_max_(_f32_bits_of(max_normal))
+    out = (q | (b & _SIGN)).view(torch.float32)
+    small = mag < (emin + 127) << 23
+    if bool(small.any()):
+        out[small] = _sr_core(x[small], index_hash[small], key, mantissa_bits, emin, max_normal)
+    return torch.where(mag >= _EXPONENT, x, out)
+
+
+def _f32_bits_of(value: float) -> int:
+    """The int32 bit pattern of ``value`` rounded to float32."""
+    return int(torch.tensor(value, dtype=torch.float32).view(torch.int32))
 
 
 _FUSED: dict = {"off": False, "fn": None}

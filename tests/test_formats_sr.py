@@ -186,3 +186,25 @@ def test_leading_shape_and_index_order(device):
     t = x.transpose(1, 2)  # non-contiguous input: index follows its logical order
     tc = t.contiguous()
     assert torch.equal(f.encode(t, seed=1, step=2).codes, f.encode(tc, seed=1, step=2).codes)
+
+
+@pytest.mark.parametrize("name", ["fp16-sr", "bf16-sr"])
+def test_integer_form_writes_the_reference_bits(name):
+    """The CPU's integer form of the rounding gives the documented algorithm's bits for
+    every kind of float32: random bit patterns (subnormals, NaN payloads, ±inf, huge
+    values), target subnormals and values near the saturation point."""
+    from precisionlab.formats.floats import _sr_bits, _sr_core
+    from precisionlab.formats.random_bits import hashed_index, stream_key_i32
+
+    m, emin, max_normal, _, _ = PARAMS[name]
+    gen = torch.Generator().manual_seed(3)
+    patterns = torch.randint(-(2**31), 2**31, (1 << 17,), generator=gen).to(torch.int32)
+    x = torch.cat([patterns.view(torch.float32), torch.tensor(PINNED_VALUES),
+                   torch.randn(1 << 16, generator=gen) * 2.0**emin,
+                   torch.randn(1 << 16, generator=gen) * max_normal / 3])
+    index_hash = hashed_index(tuple(x.shape), x.device)
+    for seed, step in ((0, 0), (7, 123456)):
+        key = torch.tensor(stream_key_i32(seed, step), dtype=torch.int32)
+        want = _sr_core(x, index_hash, key, m, emin, max_normal).view(torch.int32)
+        got = _sr_bits(x, index_hash, key, m, emin, max_normal).view(torch.int32)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
