@@ -170,13 +170,19 @@ def encode_e2m1(y: torch.Tensor, *, negative_zero: bool = True) -> torch.Tensor:
     return code | (neg.to(torch.uint8) << 3)
 
 
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """float32 values of E2M1 codes (uint8, one per element), built from bits:
-    magnitude code k >= 2 is the float32 with bits ``(k + 252) << 22``."""
-    c = codes.to(torch.int32)
-    mag = c & 7
-    bits = torch.where(mag >= 2, (mag + 252) << 22, (mag & 1) * 0x3F000000)  # 1 -> 0.5
-    return (bits | ((c & 8) << 28)).view(torch.float32)
+    """float32 values of E2M1 codes (uint8, one per element; bit 3 the sign, so code
+    8 is -0.0): a lookup in the 16-entry table of E2M1 values."""
+    table = _E2M1_TABLES.get(codes.device)
+    if table is None:
+        magnitudes = torch.tensor(_E2M1_VALUES, dtype=torch.float32)
+        table = torch.cat([magnitudes, -magnitudes]).to(codes.device)
+        _E2M1_TABLES[codes.device] = table
+    return table[(codes & 15).long()]
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
