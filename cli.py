@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from enum import Enum
@@ -90,12 +91,22 @@ def fail(message: str, code: int = USAGE_EXIT) -> None:
     raise typer.Exit(code)
 
 
+# what numpy and torch say of an array too large to allocate at all (a size past 64 bits)
+TOO_LARGE = ("array is too big", "Maximum allowed dimension exceeded",
+             "Storage size calculation overflowed", "Overflow when unpacking long long")
+
+
 def _out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failed allocation (host or GPU memory)."""
+    """Whether ``exc`` is a failed allocation (host or GPU memory), or one too large to
+    try."""
     text = str(exc)
-    return isinstance(exc, MemoryError) or (
-        isinstance(exc, RuntimeError)
-        and ("can't allocate memory" in text or "out of memory" in text.lower()))
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, RuntimeError) and ("can't allocate memory" in text
+                                          or "out of memory" in text.lower()):
+        return True
+    return isinstance(exc, RuntimeError | ValueError | TypeError) and any(
+        t in text for t in TOO_LARGE)
 
 
 def guarded(fn: Callable[[], object]) -> object:
@@ -105,7 +116,7 @@ def guarded(fn: Callable[[], object]) -> object:
         return fn()
     except _usage_errors() as exc:
         fail(str(exc))
-    except (MemoryError, RuntimeError) as exc:
+    except (MemoryError, RuntimeError, ValueError, TypeError) as exc:
         if not _out_of_memory(exc):
             raise
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -449,7 +460,7 @@ def _parse_at(at: str) -> str | int:
     """``--at``: final, max, mean, or a step index as an int (exit 2 otherwise)."""
     if at in ("final", "max", "mean"):
         return at
-    if not at.lstrip("-").isdigit():
+    if not re.fullmatch(r"-?[0-9]+", at):  # ASCII digits: str.isdigit passes '³', '٣'
         fail(f"--at must be final, max, mean or a step index, got {at!r}")
     return int(at)
 
@@ -487,6 +498,8 @@ def gate(
     if junit is not None and any(p is not None and junit.resolve() == p.resolve()
                                  for p in (result, baseline)):
         fail(f"--junit {str(junit)!r} would overwrite a result being gated")
+    if junit is not None:
+        guarded(lambda: gates.check_report_path(junit))
 
     def run() -> list:
         ds = load_result(result)
@@ -750,6 +763,11 @@ def bench(
             _check_bench_out(out_path)
         if what is BenchWhat.engine and (phases is not Phases.aligned or paired):
             fail("--phases and --paired apply to the kernel benchmarks (--what mamba2 or gdn)")
+        if what is BenchWhat.engine:
+            if window:
+                fail("--window applies to the kernel benchmarks (--what mamba2 or gdn)")
+            if len(model or []) > 1 or len(batch or []) > 1:
+                fail("--what engine times one model at one batch")
         if rounds is not None and not paired:
             fail("--rounds applies to --paired")
         if layers != 1 and not paired:
@@ -846,12 +864,15 @@ def _print_bench(ds) -> None:
     out.print(ds.to_dataframe().dropna(how="all").to_string())
 
 
+BENCH_SUFFIXES = (".nc", ".zarr", ".json")  # not .csv: its tidy rows are per decode step
+
+
 def _check_bench_out(path: Path) -> None:
     """Fail before a benchmark runs where its results cannot be written to ``path``
-    (a result file, or .json)."""
-    from precisionlab.export import SUFFIXES, check_writable
+    (.nc, .zarr or .json)."""
+    from precisionlab.export import check_writable
 
-    check_writable(path, (*SUFFIXES, ".json"))
+    check_writable(path, BENCH_SUFFIXES)
 
 
 def _write_bench(ds, path: Path) -> None:
@@ -884,6 +905,8 @@ def trace_save(
 
     if out_path.suffix != ".safetensors":
         fail(f"trace files end in .safetensors, got {str(out_path)!r}")
+    if out_path.is_dir():
+        fail(f"cannot write {str(out_path)!r}: it is a folder")
 
     def run():
         trace = open_model(model, steps=steps, batch=batch, seed=seed, dynamics=dynamics.value)

@@ -21,8 +21,8 @@ def _default_mode() -> int:
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path in ``path``'s folder; on success it replaces ``path``
-    (a file, or a folder such as a zarr store) with the usual permissions; on error
-    it is removed and ``path`` is left as it was."""
+    (a file, or a folder such as a zarr store, never a folder by a file) with the usual
+    permissions; on error it is removed and ``path`` is left as it was."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     tmp_dir = Path(tempfile.mkdtemp(dir=parent, prefix=f".{path.name}."))
@@ -33,6 +33,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.chmod(tmp, _default_mode())
         else:
             os.chmod(tmp, _default_mode() | 0o111)
+        if path.is_dir() and not tmp.is_dir():  # never a folder's contents for a file
+            raise IsADirectoryError(f"cannot write {str(path)!r}: it is a folder")
         if path.is_dir():  # a folder being replaced: move the old one aside first
             os.replace(path, tmp_dir / (path.name + ".old"))
         os.replace(tmp, path)

@@ -89,6 +89,14 @@ def plain_value(value):
     return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
 
 
+def _json_value(value):
+    """A numpy scalar or array (the attributes of a result read back from netCDF) as
+    the Python value it holds, for ``json.dumps``."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} to a CSV result's header")
+
+
 def _netcdf_attrs(attrs: dict) -> dict:
     """netCDF attributes must be strings or numbers."""
     out = {}
@@ -121,7 +129,8 @@ def save_result(ds: xr.Dataset, path: str | os.PathLike) -> Path:
         extra_doc = {v: ds[v].to_dict(data="list") for v in extra}
         config_vars = [v for v in ds.data_vars if ds[v].dims != STEP_DIMS and v not in extra]
         header = CSV_HEADER + json.dumps({**ds.attrs, "_config_vars": json.dumps(config_vars),
-                                          "_extra_vars": json.dumps(extra_doc)})
+                                          "_extra_vars": json.dumps(extra_doc)},
+                                         default=_json_value)
 
         with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
             fh.write(header + "\n")

@@ -53,7 +53,7 @@ def parse_where(items: list[str] | None) -> dict[str, list[str]]:
             raise GateError(f"--where needs KEY=VALUE, got {item!r}")
         if key not in CONFIG_DIMS:
             raise GateError(f"--where key must be one of {', '.join(CONFIG_DIMS)}, got {key!r}")
-        if key == "window" and not value.isdigit():
+        if key == "window" and not (value.isascii() and value.isdigit()):
             raise GateError(f"--where window needs a whole number, got {value!r}")
         out.setdefault(key, []).append(value)
     return out
@@ -137,13 +137,26 @@ def check(
             try:
                 b = float(base.sel(cfg))
             except KeyError:
-                raise GateError(f"the baseline has no configuration {cfg}") from None
+                name = " ".join(f"{k}={v}" for k, v in cfg.items())
+                raise GateError(f"the baseline has no configuration {name}") from None
             limits.append(b * (1 - rtol) if higher else b * (1 + rtol))
             reasons.append(f"baseline {b:.3g} x (1 {'-' if higher else '+'} {rtol:g})")
         limit = max(limits) if higher else min(limits)
         ok = bool(np.isfinite(v) and (v >= limit if higher else v <= limit))
         checks.append(GateCheck(cfg, v, limit, ok, " and ".join(reasons), var, higher))
     return checks
+
+
+def check_report_path(path: str | os.PathLike) -> Path:
+    """``path`` if a report can be written there (its folder exists, no folder is
+    there), else a GateError; the command line checks it before reading results."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise GateError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+    if path.is_dir():
+        raise GateError(f"cannot write {str(path)!r}: it is a folder")
+    return path
 
 
 def write_junit(checks: list[GateCheck], path: str | os.PathLike, at: str | int) -> Path:
@@ -158,9 +171,7 @@ def write_junit(checks: list[GateCheck], path: str | os.PathLike, at: str | int)
             message = f"{c.metric}[{at}] {c.value:.4g} {'<' if c.at_least else '>'} {c.limit:.4g}"
             f = ET.SubElement(case, "failure", message=message)
             f.text = c.reason
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise GateError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+    check_report_path(path)
     with atomic_path(path) as tmp:
         ET.ElementTree(suite).write(tmp, encoding="utf-8", xml_declaration=True)
     return path

@@ -258,6 +258,8 @@ def check_plot_path(path: str | os.PathLike) -> Path:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise PlotError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
+    if path.is_dir():
+        raise PlotError(f"cannot write {str(path)!r}: it is a folder")
     return path
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,6 +109,9 @@ class SyntheticTrace(Trace):
             raise TraceError(f"steps and batch must be positive, got steps={steps}, batch={batch}")
         if not 0.0 <= rho < 1.0:
             raise TraceError(f"rho must be in [0, 1), got {rho}")
+        # torch seeds a generator with any of these; the inputs' generator takes seed + 1
+        if not (isinstance(seed, numbers.Integral) and -(2**63) <= seed <= 2**64 - 2):
+            raise TraceError(f"seed must be an integer from -2**63 to 2**64 - 2, got {seed!r}")
         self.steps, self.batch, self.seed = steps, batch, seed
         self.dynamics, self.rho = dynamics, rho
         self.source = f"synthetic({self.preset.name}, dynamics={dynamics}, seed={seed})"
@@ -225,13 +229,15 @@ def save_trace(trace: Trace, path: str | os.PathLike, *, steps: int | None = Non
 
     path = Path(path)
     n = trace.steps if steps is None else min(steps, trace.steps)
-    stacked: dict[str, list[torch.Tensor]] = {}
+    # allocated whole at the first step: a trace too large for the memory fails at once
+    tensors: dict[str, torch.Tensor] = {}
     for t, step in enumerate(trace):
         if t >= n:
             break
         for k, v in step.items():
-            stacked.setdefault(k, []).append(v.to(torch.float32))
-    tensors = {k: torch.stack(v).contiguous() for k, v in stacked.items()}
+            if t == 0:
+                tensors[k] = torch.empty((n, *v.shape), dtype=torch.float32)
+            tensors[k][t] = v
     tensors.update({f"param.{k}": v.contiguous() for k, v in trace.params.items()})
     if trace.state0 is not None:
         tensors["state0"] = trace.state0.contiguous()

@@ -1,0 +1,163 @@
+"""Bad input to every command: one line, exit 2, nothing half-written and nothing of
+the user's replaced (found by a sweep of garbage arguments)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from precisionlab.atomic import atomic_path
+from precisionlab.export import load_result
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def one_line_error(r, message: str) -> None:
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.output.startswith("error: ") and r.output.count("\n") == 1, repr(r.output)
+    assert message in r.output, r.output
+
+
+@pytest.fixture(scope="module")
+def result_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("robust") / "r.nc"
+    r = invoke("drift", "--model", "tiny-gdn", "--format", "nvfp4", "-L", "4", "-L", "8",
+               "--steps", "32", "--batch", "2", "--device", "cpu", "--out", str(path))
+    assert r.exit_code == 0, r.output
+    return path
+
+
+@pytest.mark.parametrize("at", ["--3", "³", "٣"])
+@pytest.mark.parametrize("command", ["gate", "advise"])
+def test_at_that_is_not_an_ascii_step_index(result_file, command, at):
+    """str.isdigit() holds for '³' and '٣': int() then raised (a traceback) or read a
+    step the user never wrote."""
+    args = [str(result_file)] if command == "gate" else ["--from", str(result_file)]
+    one_line_error(invoke(command, *args, "--max", "1", "--at", at), "--at must be")
+
+
+def test_where_window_that_is_not_an_ascii_number(result_file):
+    r = invoke("gate", str(result_file), "--max", "1", "--where", "window=³")
+    one_line_error(r, "--where window needs a whole number, got '³'")
+
+
+def test_a_baseline_without_the_configuration_names_it_plainly(result_file, tmp_path):
+    other = tmp_path / "other.nc"
+    assert invoke("drift", "--model", "tiny-gdn", "--format", "fp8-e4m3", "-L", "4", "--steps",
+                  "8", "--device", "cpu", "--out", str(other)).exit_code == 0
+    r = invoke("gate", str(result_file), "--max", "1", "--baseline", str(other))
+    one_line_error(r, "the baseline has no configuration design=shared format=nvfp4 window=4")
+    assert "np.str_" not in r.output
+
+
+@pytest.mark.parametrize("args", [
+    ["plot", "RESULT", "--out", "DIR"],
+    ["gate", "RESULT", "--max", "1", "--junit", "DIR"],
+    ["advise", "--from", "RESULT", "--max", "1", "--plot", "DIR"],
+    ["drift", "--model", "tiny-gdn", "--steps", "4", "--device", "cpu", "--out", "r.nc",
+     "--plot", "DIR"],
+    ["trace", "save", "--model", "tiny-gdn", "--steps", "4", "--out", "DIR"],
+])
+def test_an_output_path_that_is_a_folder_is_refused_and_kept(result_file, tmp_path, args,
+                                                              monkeypatch):
+    """The atomic rename replaced the folder, contents and all, with the figure, the
+    report or the trace."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / ("keep.safetensors" if "trace" in args else "keep.png")
+    folder.mkdir()
+    (folder / "precious.txt").write_text("keep")
+    r = invoke(*[str(result_file) if a == "RESULT" else str(folder) if a == "DIR" else a
+                 for a in args])
+    one_line_error(r, "it is a folder")
+    assert (folder / "precious.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name]
+
+
+def test_atomic_write_never_replaces_a_folder_with_a_file(tmp_path):
+    folder = tmp_path / "out.png"
+    folder.mkdir()
+    (folder / "precious.txt").write_text("keep")
+    with pytest.raises(IsADirectoryError), atomic_path(folder) as tmp:
+        tmp.write_text("figure")
+    assert (folder / "precious.txt").read_text() == "keep"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.png"]
+
+
+def test_advice_on_a_netcdf_result_written_as_csv(result_file, tmp_path):
+    """Attributes read back from netCDF are numpy numbers: the CSV header's json.dumps
+    raised after the table was printed."""
+    out = tmp_path / "a.csv"
+    r = invoke("advise", "--from", str(result_file), "--max", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    ds = load_result(out)
+    assert ds.attrs["steps"] == 32 and ds.attrs["advice_metric"] == "rel_err"
+
+
+@pytest.mark.parametrize("command", ["drift", "compare", "window"])
+@pytest.mark.parametrize("seed", ["99999999999999999999", str(2**64 - 1), str(-(2**63) - 1)])
+def test_a_seed_past_64_bits(command, seed, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke(command, "--model", "tiny-gdn", "--format", "nvfp4", "-L", "4", "--steps", "4",
+               "--device", "cpu", "--seed", seed)
+    one_line_error(r, "seed must be an integer from -2**63 to 2**64 - 2")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args", [
+    ["drift", "--model", "tiny-gdn", "--format", "nvfp4", "-L", "4", "--device", "cpu",
+     "--steps", "99999999999999999999"],
+    ["drift", "--model", "tiny-gdn", "--format", "nvfp4", "-L", "4", "--device", "cpu",
+     "--steps", "4", "--batch", str(2**62)],
+    ["bench", "--model", "tiny-gdn", "--steps", "1", "--batch", str(2**62)],
+    ["bench", "--model", "tiny-gdn", "--steps", "1", "--batch", "99999999999999999999"],
+])
+def test_sizes_too_large_to_allocate_at_all(args, tmp_path, monkeypatch):
+    """numpy and torch refuse such sizes with ValueError / TypeError / RuntimeError,
+    not MemoryError."""
+    monkeypatch.chdir(tmp_path)
+    one_line_error(invoke(*args), "not enough memory for this run")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("steps", [10**12, 2**62, 10**20])
+def test_trace_save_too_large_for_the_memory_fails_at_once(steps, tmp_path, monkeypatch):
+    """The steps were gathered one by one until the machine ran out of memory (the
+    process was killed minutes later); now the trace is allocated whole at its first
+    step (a trace read further than that fails here at once instead)."""
+    from precisionlab.traces import SyntheticTrace
+
+    read = SyntheticTrace.__iter__
+
+    def first_step_only(self):
+        yield next(read(self))
+        raise AssertionError("the trace was read past its first step")
+
+    monkeypatch.setattr(SyntheticTrace, "__iter__", first_step_only)
+    out = tmp_path / "t.safetensors"
+    r = invoke("trace", "save", "--model", "tiny-gdn", "--steps", str(steps), "--out",
+               str(out))
+    one_line_error(r, "not enough memory for this run")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--out", "b.csv"], "use one of .nc, .zarr, .json"),
+    (["--window", "4"], "--window applies to the kernel benchmarks"),
+    (["--model", "tiny-mamba2"], "--what engine times one model at one batch"),
+    (["--batch", "1", "--batch", "2"], "--what engine times one model at one batch"),
+])
+def test_engine_bench_options_that_cannot_apply(args, message, tmp_path, monkeypatch):
+    """A CSV result is tidy rows per decode step (a benchmark's failed to write after
+    the run); the engine benchmark times one model and batch and no window (the rest
+    were dropped without a word)."""
+    monkeypatch.chdir(tmp_path)
+    one_line_error(invoke("bench", "--model", "tiny-gdn", "--steps", "1", *args), message)
+    assert not list(tmp_path.iterdir())
