@@ -208,3 +208,15 @@ def test_integer_form_writes_the_reference_bits(name):
         want = _sr_core(x, index_hash, key, m, emin, max_normal).view(torch.int32)
         got = _sr_bits(x, index_hash, key, m, emin, max_normal).view(torch.int32)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_rounding_in_pieces_writes_the_same_bits(monkeypatch):
+    """On the CPU a large tensor is rounded a piece at a time: the same bits as whole."""
+    from precisionlab.formats import floats
+
+    x = torch.randn(3, 5, 2 * 17 * 64, generator=torch.Generator().manual_seed(5))
+    x[0, 0, :4] = torch.tensor([2.0**-20, -(2.0**-25), float("nan"), 7e4])
+    whole = get("fp16-sr").encode(x, seed=9, step=4).codes
+    monkeypatch.setattr(floats, "CPU_CHUNK", 1000)  # 32640 elements: 33 pieces, the last short
+    pieces = get("fp16-sr").encode(x, seed=9, step=4).codes
+    assert torch.equal(pieces, whole)
