@@ -256,7 +256,9 @@ def check_plot_path(path: str | os.PathLike) -> Path:
     if path.suffix.lower() != ".png":
         raise PlotError(f"plots are written as PNG: give a path ending in .png, not {str(path)!r}")
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
+    if not parent.is_dir():
+        raise PlotError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
         raise PlotError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
     if path.is_dir():
         raise PlotError(f"cannot write {str(path)!r}: it is a folder")

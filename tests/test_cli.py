@@ -181,7 +181,7 @@ def test_gate_against_a_baseline(result_file):
         (["plot", "RESULT", "--out", "x.jpg"], "PNG"),
         (["drift", "--model", "tiny-gdn", "--steps", "8", "--plot", "r.nc"], "PNG"),
         (["drift", "--model", "tiny-gdn", "--steps", "8", "--plot", "/no/such/dir/p.png"],
-         "not writable"),
+         "folder '/no/such/dir' does not exist"),
         (["window", "--model", "tiny-gdn", "--steps", "8", "--plot", "w.jpg"], "PNG"),
         (["drift", "--model", "tiny-gdn", "--steps", "8", "--batch", "1000000000000"],
          "not enough memory"),

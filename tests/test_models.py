@@ -358,7 +358,7 @@ def test_capture_trace_writes_replayable_layer_traces(checkpoints, tmp_path):
         capture_trace(hm, None, 2, tmp_path / "x.safetensors", layers=[1])
     with pytest.raises(TraceError, match="end in .safetensors"):
         capture_trace(hm, None, 2, tmp_path / "x.pt")
-    with pytest.raises(ModelError, match="not writable"):
+    with pytest.raises(ModelError, match="missing' does not exist"):
         capture_trace(hm, None, 2, tmp_path / "missing" / "x.safetensors")
 
 

@@ -87,7 +87,10 @@ def capture_trace(
         if not out.name.endswith(".safetensors") or out.name == ".safetensors":
             raise CaptureError(f"trace files end in .safetensors, got {str(out)!r}")
         parent = out.parent if str(out.parent) else Path(".")
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
+        if not parent.is_dir():
+            raise CaptureError(f"cannot write {str(out)!r}: folder {str(parent)!r} does not "
+                               "exist")
+        if not os.access(parent, os.W_OK):
             raise CaptureError(f"cannot write {str(out)!r}: folder {str(parent)!r} is not "
                                "writable")
         if int(steps) < 1:
