@@ -2,9 +2,9 @@
 
 from .advise import advise, recommend, recommendation
 from .compare import compare
-from .drift import StudyError, drift
+from .drift import StudyError, StudyWarning, drift
 from .model_drift import model_drift
 from .window import window_sweep
 
-__all__ = ["StudyError", "advise", "compare", "drift", "model_drift", "recommend", "recommendation",
-           "window_sweep"]
+__all__ = ["StudyError", "StudyWarning", "advise", "compare", "drift", "model_drift", "recommend",
+           "recommendation", "window_sweep"]

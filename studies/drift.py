@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import platform
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -26,6 +27,11 @@ from precisionlab.traces import DYNAMICS, SavedTrace, Trace, TraceError, open_tr
 
 DEFAULT_STEPS = 2048
 DEFAULT_BATCH = 2
+
+
+class StudyWarning(UserWarning):
+    """A study ran, but part of its result says less than it seems to (the result's
+    ``notes`` attribute says what)."""
 
 
 class StudyError(ValueError):
@@ -222,7 +228,24 @@ def drift(
                                         ring_dtype=ring_dtype, backend=backend, device=device),
     })
     ds["bytes_per_step"] = traffic(ds)
+    note = _unflushed_note(windows, n_steps)
+    if note:
+        warnings.warn(note, StudyWarning, stacklevel=2)
+        ds.attrs["notes"] = note
     return ds
+
+
+def _unflushed_note(windows: Sequence[int], steps: int) -> str:
+    """What to say of windows longer than the run: their designs never flushed, so
+    their stored copies were never rounded from a decoded state."""
+    never = [w for w in windows if w > steps]
+    if not never:
+        return ""
+    several = len(never) > 1
+    return (f"window{'s' if several else ''} {', '.join(map(str, never))} "
+            f"{'are' if several else 'is'} longer than the {steps} steps: "
+            f"{'their' if several else 'its'} designs never flushed, so their stored state "
+            "was never rounded and their error does not measure the format (raise --steps)")
 
 
 def _api_call(name: str, **kwargs) -> str:
@@ -230,4 +253,5 @@ def _api_call(name: str, **kwargs) -> str:
     return f"precisionlab.{name}({args})"
 
 
-__all__ = ["drift", "build_designs", "design_label", "StudyError", "is_flush_step"]
+__all__ = ["drift", "build_designs", "design_label", "StudyError", "StudyWarning",
+           "is_flush_step"]

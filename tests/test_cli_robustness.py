@@ -161,3 +161,19 @@ def test_engine_bench_options_that_cannot_apply(args, message, tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     one_line_error(invoke("bench", "--model", "tiny-gdn", "--steps", "1", *args), message)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_window_longer_than_the_run_is_noted_in_one_line(tmp_path, monkeypatch):
+    """The command line says once, as a note on standard error, that a window longer
+    than the run never flushed; the result and `show` keep the note."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["drift", "--model", "tiny-gdn", "--steps", "8", "--window",
+                                 "16", "--format", "nvfp4", "--out", "r.nc"])
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.output.splitlines() if line.startswith("note:")]
+    assert notes == ["note: window 16 is longer than the 8 steps: its designs never flushed, so "
+                     "their stored state was never rounded and their error does not measure the "
+                     "format (raise --steps)"]
+    assert "Warning" not in r.output
+    shown = CliRunner().invoke(app, ["show", "r.nc"])
+    assert "notes: window 16 is longer" in shown.output

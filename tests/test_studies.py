@@ -285,3 +285,19 @@ def test_non_integer_sizes_are_refused_by_name(kwargs, message):
 def test_numpy_integer_windows_are_windows():
     ds = precisionlab.drift("tiny-gdn", "nvfp4", windows=np.array([2, 4]), steps=8)
     assert ds["window"].values.tolist() == [2, 4]
+
+
+def test_windows_longer_than_the_run_are_noted():
+    """A window the run never fills leaves its designs unflushed: the study says so (a
+    warning and the result's ``notes``), and names only those windows."""
+    from precisionlab.studies import StudyWarning
+
+    with pytest.warns(StudyWarning, match=r"window 16 is longer than the 8 steps"):
+        ds = precisionlab.drift("tiny-gdn", "nvfp4", windows=(4, 16), steps=8)
+    assert "window 16 is" in ds.attrs["notes"] and "4" not in ds.attrs["notes"].split(":")[0]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StudyWarning)
+        fine = precisionlab.drift("tiny-gdn", "nvfp4", windows=(4, 8), steps=8)
+    assert "notes" not in fine.attrs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -214,8 +215,14 @@ def run_study(ctx: typer.Context, study: Callable, out_path: Path | None,
         check_writable(out_path)
     if plot_path is not None:
         check_plot_path(plot_path)
-    ds = decode_study(ctx, study, **kwargs)
+    from precisionlab.studies import StudyWarning
+
+    with warnings.catch_warnings():  # said below as one line, not as a Python warning
+        warnings.simplefilter("ignore", StudyWarning)
+        ds = decode_study(ctx, study, **kwargs)
     out.print(summary_table(ds, table_title(ds)))
+    if ds.attrs.get("notes"):
+        err.print(escape(f"note: {ds.attrs['notes']}"), highlight=False, soft_wrap=True)
     if out_path is not None:
         out.print(f"wrote {save_result(ds, out_path)}")
     if plot_path is not None:

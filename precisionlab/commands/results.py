@@ -54,7 +54,7 @@ def plot(
 
 SHOWN_ATTRS = ("model", "kind", "trace", "weights", "steps", "batch", "seed",
                "checkpoint_format", "ring_dtype", "dynamics", "backend", "device",
-               "version_precisionlab", "command")
+               "version_precisionlab", "command", "notes")
 
 
 def show(
