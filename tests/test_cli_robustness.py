@@ -177,3 +177,24 @@ def test_a_window_longer_than_the_run_is_noted_in_one_line(tmp_path, monkeypatch
     assert "Warning" not in r.output
     shown = CliRunner().invoke(app, ["show", "r.nc"])
     assert "notes: window 16 is longer" in shown.output
+
+
+def test_show_markdown_is_the_summary_as_a_markdown_table(tmp_path, monkeypatch):
+    """`show --markdown` prints the same cells as the table, as Markdown rows; with
+    --json it is a usage error."""
+    from precisionlab.commands.common import summary_cells
+
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["compare", "--model", "tiny-gdn", "--steps", "8", "--window", "4",
+                            "--format", "nvfp4", "--out", "c.nc"])
+    assert r.exit_code == 0, r.output
+    md = runner.invoke(app, ["show", "c.nc", "--markdown"])
+    assert md.exit_code == 0, md.output
+    lines = md.output.splitlines()
+    cols, rows = summary_cells(load_result("c.nc"))
+    assert "| " + " | ".join(cols) + " |" in lines
+    for cells in rows:
+        assert "| " + " | ".join(cells) + " |" in lines
+    assert any(line.startswith("| nvfp4 | 4 | ") for line in lines)  # the shared/split ratio
+    both = runner.invoke(app, ["show", "c.nc", "--markdown", "--json"])
+    assert both.exit_code == 2 and "not both" in both.output

@@ -127,24 +127,23 @@ def _progress():
                     disable=not err.is_terminal)
 
 
-def summary_table(ds, title: str) -> Table:
+SUMMARY_CAPTION = ("B/elt: modelled bytes moved per state element per step (conventional "
+                   "fp32: 8); ± 95%: half width of the final error's interval over the "
+                   "batch's sequences (Student t); frontier: no other row has both less "
+                   "traffic and a lower final error")
+
+
+def summary_cells(ds) -> tuple[list[str], list[list[str]]]:
+    """The summary table's column names and each configuration's cells, as text."""
     from precisionlab.metrics import summary_records
 
-    rows = summary_records(ds)
     model_level = "kl" in ds
-    table = Table(title=title, title_justify="left",
-                  caption="B/elt: modelled bytes moved per state element per step "
-                          "(conventional fp32: 8); ± 95%: half width of the final error's "
-                          "interval over the batch's sequences (Student t); frontier: no "
-                          "other row has both less traffic and a lower final error",
-                  caption_justify="left")
     cols = ["design", "format", "window", "B/elt", "final", "± 95%", "peak", "mean", "growth",
             "frontier"]
     if model_level:
         cols += ["KL (mean)", "top-1 agree", "first divergence"]
-    for col in cols:
-        table.add_column(col, justify="right" if col not in ("design", "format") else "left")
-    for r in rows:
+    rows = []
+    for r in summary_records(ds):
         cells = [r["design"], r["format"], str(r["window"]), f"{r['bytes_per_step']:.2f}",
                  f"{r['final']:.3e}", _half_width(r["final_ci95"]), f"{r['peak']:.3e}",
                  f"{r['mean']:.3e}", f"{r['growth']:+.2f}", "yes" if r["frontier"] else ""]
@@ -152,8 +151,29 @@ def summary_table(ds, title: str) -> Table:
             first = r["first_divergence"]
             cells += [f"{r['kl_mean']:.3e}", f"{r['top1_agree_mean']:.3f}",
                       "never" if first is None else str(first)]
+        rows.append(cells)
+    return cols, rows
+
+
+def summary_table(ds, title: str) -> Table:
+    """A result's summary as a rich table: one row per configuration."""
+    cols, rows = summary_cells(ds)
+    table = Table(title=title, title_justify="left", caption=SUMMARY_CAPTION,
+                  caption_justify="left")
+    for col in cols:
+        table.add_column(col, justify="right" if col not in ("design", "format") else "left")
+    for cells in rows:
         table.add_row(*cells)
     return table
+
+
+def markdown_table(cols: list[str], rows: list[list[str]]) -> str:
+    """A Markdown (GitHub-flavoured) table; text columns left, numbers right."""
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    align = [":---" if c in ("design", "format") else "---:" for c in cols]
+    return "\n".join([line(cols), line(align), *(line(r) for r in rows)])
 
 
 def _half_width(half: float) -> str:

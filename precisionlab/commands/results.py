@@ -12,13 +12,16 @@ from rich.markup import escape
 
 from .advice import advice_doc, print_advice
 from .common import (
+    SUMMARY_CAPTION,
     ResultSummaryError,
     fail,
     guarded,
     json_ready,
+    markdown_table,
     out,
     parse_at,
     ratio_table,
+    summary_cells,
     summary_table,
     table_title,
 )
@@ -62,8 +65,13 @@ def show(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print where it came from and one record per configuration as "
                        "JSON.")] = False,
+    as_markdown: Annotated[bool, typer.Option(
+        "--markdown", help="Print the summary as a Markdown table (for a CI job's summary "
+                           "page or a pull request).")] = False,
 ) -> None:
     """Print a saved result's summary table and where it came from."""
+    if as_json and as_markdown:
+        fail("give --json or --markdown, not both")
     from precisionlab.export import load_result, plain_value
     from precisionlab.metrics import summary_records
 
@@ -88,6 +96,9 @@ def show(
             doc["advice"] = advice_doc(ds)
         print(json.dumps(json_ready(doc), indent=2))
         return
+    if as_markdown:
+        print(_markdown(ds, about))
+        return
     for k, v in about.items():
         out.print(escape(f"{k}: {v}"), highlight=False)
     out.print(summary_table(ds, table_title(ds)))
@@ -95,6 +106,22 @@ def show(
         out.print(ratio_table(ds))
     if "meets_budget" in ds:
         print_advice(ds, as_json=False)
+
+
+def _markdown(ds, about: dict) -> str:
+    """A result's summary as Markdown: a heading, the table, its caption and its command."""
+    parts = [f"### {table_title(ds)}", "", markdown_table(*summary_cells(ds)), "",
+             SUMMARY_CAPTION + "."]
+    if "final_ratio" in ds:
+        ratios = [[str(f), str(int(w)), f"{float(ds['final_ratio'].sel(format=f, window=w)):.2f}"]
+                  for f in ds["format"].values for w in ds["window"].values]
+        parts += ["", "shared / split final error (above 1: split drifts less):", "",
+                  markdown_table(["format", "window", "ratio"], ratios)]
+    if "command" in about:
+        parts += ["", f"`{about['command']}`"]
+    if "notes" in about:
+        parts += ["", f"Note: {about['notes']}"]
+    return "\n".join(parts)
 
 
 def gate(
