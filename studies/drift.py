@@ -228,24 +228,24 @@ def drift(
                                         ring_dtype=ring_dtype, backend=backend, device=device),
     })
     ds["bytes_per_step"] = traffic(ds)
-    note = _unflushed_note(windows, n_steps)
-    if note:
-        warnings.warn(note, StudyWarning, stacklevel=2)
-        ds.attrs["notes"] = note
+    note_unflushed(ds, windows, n_steps)
     return ds
 
 
-def _unflushed_note(windows: Sequence[int], steps: int) -> str:
-    """What to say of windows longer than the run: their designs never flushed, so
-    their stored copies were never rounded from a decoded state."""
+def note_unflushed(ds: xr.Dataset, windows: Sequence[int], steps: int) -> None:
+    """Warn (:class:`StudyWarning`) and set ``ds.attrs["notes"]`` where a window is
+    longer than the run: its designs never flushed, so their stored copies were never
+    rounded from a decoded state."""
     never = [w for w in windows if w > steps]
     if not never:
-        return ""
+        return
     several = len(never) > 1
-    return (f"window{'s' if several else ''} {', '.join(map(str, never))} "
+    note = (f"window{'s' if several else ''} {', '.join(map(str, never))} "
             f"{'are' if several else 'is'} longer than the {steps} steps: "
             f"{'their' if several else 'its'} designs never flushed, so their stored state "
             "was never rounded and their error does not measure the format (raise --steps)")
+    warnings.warn(note, StudyWarning, stacklevel=3)
+    ds.attrs["notes"] = note
 
 
 def _api_call(name: str, **kwargs) -> str:
@@ -254,4 +254,4 @@ def _api_call(name: str, **kwargs) -> str:
 
 
 __all__ = ["drift", "build_designs", "design_label", "StudyError", "StudyWarning",
-           "is_flush_step"]
+           "is_flush_step", "note_unflushed"]

@@ -35,6 +35,7 @@ from .drift import (
     build_designs,
     design_label,
     device_name,
+    note_unflushed,
     versions,
 )
 
@@ -263,6 +264,7 @@ def model_drift(
             prompt_tokens=prompt_tokens),
     })
     ds["bytes_per_step"] = traffic(ds)
+    note_unflushed(ds, [int(w) for w in windows], n_steps)
     return ds
 
 

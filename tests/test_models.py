@@ -220,6 +220,13 @@ def test_model_drift_backend_choice():
     ds = model_drift("tiny-mamba2", "fp8-e4m3", designs="split", windows=2, steps=3, layers=1,
                      batch=1, device="cpu")
     assert ds.attrs["backend"] == "torch" and "backend='auto'" in ds.attrs["command"]
+    assert "notes" not in ds.attrs
+    from precisionlab.studies import StudyWarning
+
+    with pytest.warns(StudyWarning, match="window 4 is longer than the 3 steps"):
+        long = model_drift("tiny-mamba2", "fp8-e4m3", designs="split", windows=[2, 4], steps=3,
+                           layers=1, batch=1, device="cpu")
+    assert long.attrs["notes"].startswith("window 4 is longer")
     with pytest.raises(ModelStudyError, match="needs a CUDA device"):
         model_drift("tiny-mamba2", "fp8-e4m3", steps=2, layers=1, device="cpu", backend="triton")
     with pytest.raises(ModelStudyError, match="unknown backend"):
