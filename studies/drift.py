@@ -43,6 +43,21 @@ def _as_list(x: str | int | Sequence) -> list:
     return [x] if isinstance(x, str | int) else list(dict.fromkeys(x))
 
 
+ALL_FORMATS = "all"
+"""A read format name that stands for every registered format."""
+
+
+def read_formats(formats: str | Sequence[str]) -> list[str]:
+    """The read formats asked for, ``"all"`` expanded to every registered format (in
+    registry order), each once."""
+    from precisionlab import formats as registry
+
+    out: list[str] = []
+    for f in _as_list(formats):
+        out += registry.names() if f == ALL_FORMATS else [f]
+    return list(dict.fromkeys(out))
+
+
 def build_designs(
     designs: Sequence[str], formats: Sequence[str], windows: Sequence[int],
     checkpoint_format: str | Sequence[str] = "fp32",
@@ -143,7 +158,7 @@ def drift(
     batch's sequences) and ``bytes_per_step`` (the design's modelled memory traffic
     per state element, :meth:`precisionlab.designs.Design.bytes_per_step`).
     """
-    designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
+    designs, formats, windows = _as_list(designs), read_formats(formats), _as_list(windows)
     checkpoints = _as_list(checkpoint_format)
     try:
         ring_dtype_of(ring_dtype)
@@ -254,4 +269,4 @@ def _api_call(name: str, **kwargs) -> str:
 
 
 __all__ = ["drift", "build_designs", "design_label", "StudyError", "StudyWarning",
-           "is_flush_step", "note_unflushed"]
+           "is_flush_step", "note_unflushed", "read_formats"]

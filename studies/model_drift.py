@@ -36,6 +36,7 @@ from .drift import (
     design_label,
     device_name,
     note_unflushed,
+    read_formats,
     versions,
 )
 
@@ -103,7 +104,7 @@ def model_drift(
     ``bytes_per_step`` (modelled memory traffic per state element, as in the drift
     study).
     """
-    designs, formats, windows = _as_list(designs), _as_list(formats), _as_list(windows)
+    designs, formats, windows = _as_list(designs), read_formats(formats), _as_list(windows)
     checkpoints = _as_list(checkpoint_format)
     n_steps = DEFAULT_MODEL_STEPS if steps is None else int(steps)
     try:

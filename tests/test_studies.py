@@ -301,3 +301,12 @@ def test_windows_longer_than_the_run_are_noted():
         warnings.simplefilter("error", StudyWarning)
         fine = precisionlab.drift("tiny-gdn", "nvfp4", windows=(4, 8), steps=8)
     assert "notes" not in fine.attrs
+
+
+def test_all_formats():
+    """``"all"`` reads every registered format, once each, beside named ones."""
+    from precisionlab.formats import names
+
+    ds = precisionlab.drift("tiny-gdn", ["nvfp4", "all"], designs="split", windows=2, steps=4)
+    assert ds["format"].values.tolist() == ["nvfp4", *(n for n in names() if n != "nvfp4")]
+    assert np.isfinite(ds["rel_err"].values).all()

@@ -55,7 +55,9 @@ def advise(
         "--from", help="Advise on a saved result instead of running the study.")] = None,
     model: ModelOpt = "nemotron-3-nano-4b",
     format: Annotated[list[str] | None, typer.Option(
-        "--format", "-f", help="Read format (repeatable). Default: fp8-e4m3 and nvfp4.")] = None,
+        "--format", "-f",
+        help="Read format (repeatable; all: every format). Default: fp8-e4m3 and nvfp4.",
+    )] = None,
     window: Annotated[list[int] | None, typer.Option(
         "--window", "-L", help="Window (repeatable). Default: 4 16 64.")] = None,
     design: DesignOpt = None,

@@ -283,7 +283,8 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name or tra
 
 
 FormatOpt = Annotated[list[str] | None, typer.Option(
-    "--format", "-f", help="Read format (repeatable). Default: fp8-e4m3 and nvfp4.")]
+    "--format", "-f",
+    help="Read format (repeatable; all: every format). Default: fp8-e4m3 and nvfp4.")]
 
 
 WindowOpt = Annotated[list[int] | None, typer.Option("--window", "-L", help="Window (repeatable).")]
