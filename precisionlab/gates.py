@@ -61,6 +61,8 @@ def parse_where(items: list[str] | None) -> dict[str, list[str]]:
 
 def _select(da: xr.DataArray, where: dict[str, list[str]]) -> xr.DataArray:
     for key, values in where.items():
+        if key not in CONFIG_DIMS:
+            raise GateError(f"cannot select by {key!r}: use {', '.join(CONFIG_DIMS)}")
         coord = da[key]
         wanted = [int(v) for v in values] if key == "window" else values
         missing = [v for v in wanted if v not in coord.values.tolist()]

@@ -64,6 +64,8 @@ def test_a_baseline_tolerance_points_the_metrics_way(ds):
     ({"var": "state_rel_err", "max_value": 1.0}, "per-step variable"),
     ({"var": "nope", "max_value": 1.0}, "no variable 'nope'"),
     ({"var": "kl", "max_value": -1.0}, "--max must be a finite number"),
+    ({"var": "kl", "max_value": 1.0, "where": {"colour": ["red"]}},
+     "cannot select by 'colour': use design, format, window"),
 ])
 def test_bad_gates_are_refused(ds, kwargs, message):
     with pytest.raises(GateError, match=message):
