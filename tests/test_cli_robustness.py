@@ -198,3 +198,20 @@ def test_show_markdown_is_the_summary_as_a_markdown_table(tmp_path, monkeypatch)
     assert any(line.startswith("| nvfp4 | 4 | ") for line in lines)  # the shared/split ratio
     both = runner.invoke(app, ["show", "c.nc", "--markdown", "--json"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_a_recorded_command_runs_again(tmp_path, monkeypatch):
+    """The command a result records runs as it is: on/off flags appear bare when on and
+    not at all when off (never as '--json False')."""
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["advise", "--model", "tiny-gdn", "--steps", "8", "--window", "2",
+                            "--format", "nvfp4", "--max", "0.5", "--confident", "--out", "a.nc"])
+    assert r.exit_code in (0, 1), r.output
+    command = str(load_result("a.nc").attrs["command"])
+    words = shlex.split(command)
+    assert "--confident" in words and "--json" not in words and "False" not in words
+    again = runner.invoke(app, [*words[1:-2], "--out", "b.nc"])  # the same, another file
+    assert again.exit_code == r.exit_code, again.output
+    assert load_result("b.nc").attrs["command"] == command.replace("a.nc", "b.nc")

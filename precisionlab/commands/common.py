@@ -209,6 +209,9 @@ def command_line(ctx: typer.Context) -> str:
         if value is None or getattr(param, "param_type_name", "") != "option":
             continue
         flag = max(param.opts, key=len)
+        if getattr(param, "is_flag", False):  # an on/off flag takes no value
+            words += [flag] if value else []
+            continue
         for v in value if isinstance(value, list | tuple) else [value]:
             words += [flag, str(v.value if isinstance(v, Enum) else v)]
     return shlex.join(words)

@@ -117,6 +117,12 @@ def _markdown(ds, about: dict) -> str:
                   for f in ds["format"].values for w in ds["window"].values]
         parts += ["", "shared / split final error (above 1: split drifts less):", "",
                   markdown_table(["format", "window", "ratio"], ratios)]
+    if "meets_budget" in ds:
+        doc = advice_doc(ds)
+        rec = doc["recommended"]
+        pick = (f"{rec['design']} {rec['format']} L = {rec['window']}" if rec else
+                "no configuration meets the budget")
+        parts += ["", f"Advice ({doc['budget']}): {pick}."]
     if "command" in about:
         parts += ["", f"`{about['command']}`"]
     if "notes" in about:
