@@ -19,8 +19,6 @@ from rich.table import Table
 
 # wide enough for the tables when the output is a file or a CI log
 out = Console() if sys.stdout.isatty() else Console(width=160)
-
-
 err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
 
 
@@ -274,42 +272,23 @@ def parse_at(at: str) -> str | int:
     return int(at)
 
 
+# options shared by the study commands
 BackendOpt = Annotated[Backend, typer.Option(
     help="Runs the designs: torch emulation, or the fused Triton kernels (CUDA); auto takes "
          "the kernels on CUDA.")]
-
-
 DeviceOpt = Annotated[Device, typer.Option(help="auto takes CUDA where there is a GPU.")]
-
-
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name or trace file.")]
-
-
 FormatOpt = Annotated[list[str] | None, typer.Option(
     "--format", "-f",
     help="Read format (repeatable; all: every format). Default: fp8-e4m3 and nvfp4.")]
-
-
 WindowOpt = Annotated[list[int] | None, typer.Option("--window", "-L", help="Window (repeatable).")]
-
-
 StepsOpt = Annotated[int, typer.Option(help="Decode steps.")]
-
-
 BatchOpt = Annotated[int, typer.Option(help="Sequences per batch.")]
-
-
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", help="Result file: .nc, .zarr or .csv. Default: drift-<model>.nc")]
-
-
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Also write a PNG figure.")]
-
-
 DesignOpt = Annotated[list[str] | None, typer.Option(
     "--design", "-d", help="shared and/or split (repeatable).")]
-
-
 CheckpointOpt = Annotated[list[str] | None, typer.Option(
     help="Split designs' checkpoint (repeatable: one split design per format, named "
          "split-<format>). Default: fp32.")]
@@ -319,7 +298,8 @@ DEFAULT_FORMATS = ["fp8-e4m3", "nvfp4"]
 
 
 def study_options(model, formats, windows, checkpoint_format, steps, batch, seed, dynamics,
-                   ring_dtype, backend, device) -> dict:
+                  ring_dtype, backend, device) -> dict:
+    """A study's keyword arguments from the shared options, defaults filled in."""
     return dict(model=model, formats=formats or DEFAULT_FORMATS, windows=windows or [16],
                 checkpoint_format=checkpoint_format or ["fp32"], steps=steps, batch=batch,
                 seed=seed, dynamics=dynamics.value, ring_dtype=ring_dtype.value,
@@ -327,4 +307,5 @@ def study_options(model, formats, windows, checkpoint_format, steps, batch, seed
 
 
 def default_out(model: str, study: str) -> Path:
+    """``<study>-<model>.nc``: where a study writes its result unless told."""
     return Path(f"{study}-{Path(model).stem}.nc")
