@@ -256,7 +256,8 @@ def note_unflushed(ds: xr.Dataset, windows: Sequence[int], steps: int) -> None:
         return
     several = len(never) > 1
     note = (f"window{'s' if several else ''} {', '.join(map(str, never))} "
-            f"{'are' if several else 'is'} longer than the {steps} steps: "
+            f"{'are' if several else 'is'} longer than the {steps} "
+            f"step{'' if steps == 1 else 's'}: "
             f"{'their' if several else 'its'} designs never flushed, so their stored state "
             "was never rounded and their error does not measure the format (raise --steps)")
     warnings.warn(note, StudyWarning, stacklevel=3)

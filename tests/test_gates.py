@@ -99,3 +99,22 @@ def test_the_worst_head_is_gated():
         check(run, var="head_rel_err", max_value=1.0, at="max")
     with pytest.raises(AssertionError, match="head_rel_err"):
         assert_drift(run, metric="head_rel_err", max_value=bound)
+
+
+def test_a_pass_on_a_result_with_notes_repeats_them(tmp_path):
+    """A result whose windows never flushed passes any bound; the gate says why that
+    pass means little (a note line from the command line, a warning from Python)."""
+    from typer.testing import CliRunner
+
+    import precisionlab
+    from cli import app
+    from precisionlab.export import save_result
+
+    with pytest.warns(UserWarning):
+        ds = precisionlab.drift("tiny-gdn", "nvfp4", windows=16, steps=4)
+    with pytest.warns(UserWarning, match="the gated result notes: window 16 is longer"):
+        assert_drift(ds, max_rel_err=1.0)
+    path = save_result(ds, tmp_path / "r.nc")
+    r = CliRunner().invoke(app, ["gate", str(path), "--max-rel-err", "1"])
+    assert r.exit_code == 0
+    assert "note: window 16 is longer than the 4 steps" in r.output

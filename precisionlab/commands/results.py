@@ -14,6 +14,7 @@ from .advice import advice_doc, print_advice
 from .common import (
     SUMMARY_CAPTION,
     ResultSummaryError,
+    err,
     fail,
     guarded,
     json_ready,
@@ -169,9 +170,11 @@ def gate(
                              var=metric, max_value=max_value, min_value=min_value)
         if junit is not None:
             gates.write_junit(checks, junit, at_value)
-        return checks
+        return checks, ds.attrs.get("notes")
 
-    checks = guarded(run)
+    checks, notes = guarded(run)
+    if notes:  # e.g. windows that never flushed: their verdicts say little
+        err.print(escape(f"note: {notes}"), highlight=False, soft_wrap=True)
     for c in checks:
         mark = "[green]PASS[/]" if c.passed else "[bold red]FAIL[/]"
         out.print(f"{mark} " + escape(f"{c.name}: {c.verdict(at)}"), highlight=False)
