@@ -215,3 +215,19 @@ def test_a_recorded_command_runs_again(tmp_path, monkeypatch):
     again = runner.invoke(app, [*words[1:-2], "--out", "b.nc"])  # the same, another file
     assert again.exit_code == r.exit_code, again.output
     assert load_result("b.nc").attrs["command"] == command.replace("a.nc", "b.nc")
+
+
+def test_capture_into_a_missing_folder_fails_before_loading_a_model(tmp_path):
+    """The folder is checked before transformers (and whatever it imports) loads, so the
+    error is the only line, in a fresh process too."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "precisionlab.cli", "trace", "capture", "--model",
+                        "tiny-gdn", "--steps", "4", "--out", str(tmp_path / "no" / "c.safetensors"),
+                        "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        f"error: cannot write {str(tmp_path / 'no' / 'c.safetensors')!r}: folder "
+        f"{str(tmp_path / 'no')!r} does not exist"]

@@ -21,6 +21,14 @@ from .common import (
 )
 
 
+def _require_folder(path: Path) -> None:
+    """One line and exit 2 unless ``path``'s folder exists (checked before anything
+    heavy is loaded or run)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        fail(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+
+
 def trace_save(
     out_path: Annotated[Path, typer.Option("--out", "-o", help="A .safetensors file.")],
     model: ModelOpt = "tiny-mamba2",
@@ -38,11 +46,10 @@ def trace_save(
     if out_path.is_dir():
         fail(f"cannot write {str(out_path)!r}: it is a folder")
 
+    _require_folder(out_path)
+
     def run():
         trace = open_model(model, steps=steps, batch=batch, seed=seed, dynamics=dynamics.value)
-        parent = out_path.parent if str(out_path.parent) else Path(".")
-        if not parent.is_dir():
-            fail(f"cannot write {str(out_path)!r}: folder {str(parent)!r} does not exist")
         out.print(f"wrote {save_trace(trace, out_path)} ({trace.steps} steps, batch "
                   f"{trace.batch})")
 
@@ -64,12 +71,13 @@ def trace_capture(
     dtype: ModelDtype = ModelDtype.fp32,
 ) -> None:
     """Record the per-step SSM inputs of a real decode (replay with `drift --model FILE`)."""
-    from precisionlab.models.capture import capture_trace
-
     if out_path.suffix != ".safetensors":
         fail(f"trace files end in .safetensors, got {str(out_path)!r}")
+    _require_folder(out_path)
 
     def run():
+        from precisionlab.models.capture import capture_trace  # loads transformers
+
         paths = capture_trace(model, prompt, steps, out_path, layers=layer or None, batch=batch,
                               seed=seed, device=device.value, dtype=dtype.value)
         for p in paths:
