@@ -12,6 +12,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def write_problem(path: str | os.PathLike, *, folder_ok: bool = False) -> str | None:
+    """Why ``path`` cannot be written, checked before any work is done: its folder is
+    missing or not writable, or (unless ``folder_ok``) a folder stands there; None when
+    it can be."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable"
+    if path.is_dir() and not folder_ok:
+        return f"cannot write {str(path)!r}: it is a folder"
+    return None
+
+
 def _default_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)

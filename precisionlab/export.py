@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .atomic import atomic_path
+from .atomic import atomic_path, write_problem
 
 SUFFIXES = (".nc", ".zarr", ".csv")
 CSV_HEADER = "# precisionlab-result "
@@ -38,13 +38,9 @@ def check_writable(path: str | os.PathLike, suffixes: tuple[str, ...] = SUFFIXES
     ``suffixes``), its folder, a folder or file of the wrong kind already there."""
     path = Path(path)
     _suffix(path, suffixes)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise ResultError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ResultError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
-    if path.is_dir() and path.suffix.lower() != ".zarr":
-        raise ResultError(f"cannot write {str(path)!r}: it is a folder")
+    problem = write_problem(path, folder_ok=path.suffix.lower() == ".zarr")
+    if problem:
+        raise ResultError(problem)
     if path.suffix.lower() == ".zarr" and path.exists() and not path.is_dir():
         raise ResultError(f"cannot write {str(path)!r}: a file is there (a zarr result is a "
                           "folder)")

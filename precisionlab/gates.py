@@ -11,7 +11,7 @@ from xml.etree import ElementTree as ET
 import numpy as np
 import xarray as xr
 
-from .atomic import atomic_path
+from .atomic import atomic_path, write_problem
 from .export import plain_value
 from .metrics import HIGHER_IS_BETTER, WORST_HEAD, metric_summary, step_metrics
 
@@ -152,13 +152,10 @@ def check(
 def check_report_path(path: str | os.PathLike) -> Path:
     """``path`` if a report can be written there (its folder exists, no folder is
     there), else a GateError; the command line checks it before reading results."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise GateError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
-    if path.is_dir():
-        raise GateError(f"cannot write {str(path)!r}: it is a folder")
-    return path
+    problem = write_problem(path)
+    if problem:
+        raise GateError(problem)
+    return Path(path)
 
 
 def write_junit(checks: list[GateCheck], path: str | os.PathLike, at: str | int) -> Path:

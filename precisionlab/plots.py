@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from .atomic import atomic_path  # noqa: E402
+from .atomic import atomic_path, write_problem  # noqa: E402
 from .designs import CONVENTIONAL_FP32_BYTES  # noqa: E402
 from .metrics import (  # noqa: E402
     HIGHER_IS_BETTER,
@@ -255,13 +255,9 @@ def check_plot_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise PlotError(f"plots are written as PNG: give a path ending in .png, not {str(path)!r}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise PlotError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise PlotError(f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable")
-    if path.is_dir():
-        raise PlotError(f"cannot write {str(path)!r}: it is a folder")
+    problem = write_problem(path)
+    if problem:
+        raise PlotError(problem)
     return path
 
 

@@ -21,12 +21,14 @@ from .common import (
 )
 
 
-def _require_folder(path: Path) -> None:
-    """One line and exit 2 unless ``path``'s folder exists (checked before anything
+def _require_writable(path: Path, *, folder_ok: bool = False) -> None:
+    """One line and exit 2 unless ``path`` can be written (checked before anything
     heavy is loaded or run)."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        fail(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+    from precisionlab.atomic import write_problem
+
+    problem = write_problem(path, folder_ok=folder_ok)
+    if problem:
+        fail(problem)
 
 
 def trace_save(
@@ -43,10 +45,7 @@ def trace_save(
 
     if out_path.suffix != ".safetensors":
         fail(f"trace files end in .safetensors, got {str(out_path)!r}")
-    if out_path.is_dir():
-        fail(f"cannot write {str(out_path)!r}: it is a folder")
-
-    _require_folder(out_path)
+    _require_writable(out_path)
 
     def run():
         trace = open_model(model, steps=steps, batch=batch, seed=seed, dynamics=dynamics.value)
@@ -73,7 +72,7 @@ def trace_capture(
     """Record the per-step SSM inputs of a real decode (replay with `drift --model FILE`)."""
     if out_path.suffix != ".safetensors":
         fail(f"trace files end in .safetensors, got {str(out_path)!r}")
-    _require_folder(out_path)
+    _require_writable(out_path, folder_ok=True)  # a base name: OUT.L<i>.safetensors
 
     def run():
         from precisionlab.models.capture import capture_trace  # loads transformers

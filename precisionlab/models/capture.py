@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..atomic import write_problem
 from ..presets import Preset
 from ..traces import Trace, TraceError, save_trace
 from .adapters import ModelError
@@ -86,13 +87,9 @@ def capture_trace(
     try:
         if not out.name.endswith(".safetensors") or out.name == ".safetensors":
             raise CaptureError(f"trace files end in .safetensors, got {str(out)!r}")
-        parent = out.parent if str(out.parent) else Path(".")
-        if not parent.is_dir():
-            raise CaptureError(f"cannot write {str(out)!r}: folder {str(parent)!r} does not "
-                               "exist")
-        if not os.access(parent, os.W_OK):
-            raise CaptureError(f"cannot write {str(out)!r}: folder {str(parent)!r} is not "
-                               "writable")
+        problem = write_problem(out, folder_ok=True)  # out names the files
+        if problem:
+            raise CaptureError(problem)
         if int(steps) < 1:
             raise CaptureError(f"steps must be positive, got {steps}")
         hm = open_model(model, layers=model_layers, seed=seed, device=device, dtype=dtype)
