@@ -178,16 +178,29 @@ def _half_width(half: float) -> str:
     return "-" if half != half else f"{half:.1e}"
 
 
-def ratio_table(ds) -> Table:
+RATIO_TITLE = "shared / split final error (above 1: split drifts less)"
+
+
+def ratio_records(ds) -> list[dict]:
     """A compare result's shared / split ratio of final errors per format and window."""
-    table = Table(title="shared / split final error (above 1: split drifts less)",
-                  title_justify="left")
+    return [{"format": str(f), "window": int(w),
+             "final_ratio": float(ds["final_ratio"].sel(format=f, window=w))}
+            for f in ds["format"].values for w in ds["window"].values]
+
+
+def ratio_cells(ds) -> list[list[str]]:
+    """:func:`ratio_records` as the rows of a (format, window, ratio) table."""
+    return [[r["format"], str(r["window"]), f"{r['final_ratio']:.2f}"]
+            for r in ratio_records(ds)]
+
+
+def ratio_table(ds) -> Table:
+    """A compare result's ratios as a rich table."""
+    table = Table(title=RATIO_TITLE, title_justify="left")
     for col in ("format", "window", "ratio"):
         table.add_column(col)
-    for f in ds["format"].values:
-        for w in ds["window"].values:
-            r = float(ds["final_ratio"].sel(format=f, window=w))
-            table.add_row(str(f), str(int(w)), f"{r:.2f}")
+    for cells in ratio_cells(ds):
+        table.add_row(*cells)
     return table
 
 

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from .advice import advice_doc, print_advice
 from .common import (
+    RATIO_TITLE,
     SUMMARY_CAPTION,
     ResultSummaryError,
     err,
@@ -21,6 +22,8 @@ from .common import (
     markdown_table,
     out,
     parse_at,
+    ratio_cells,
+    ratio_records,
     ratio_table,
     summary_cells,
     summary_table,
@@ -89,10 +92,7 @@ def show(
     if as_json:
         doc = {"result": str(result), **about, "configurations": rows}
         if ratios is not None:
-            doc["shared_over_split"] = [
-                {"format": str(f), "window": int(w),
-                 "final_ratio": float(ratios.sel(format=f, window=w))}
-                for f in ds["format"].values for w in ds["window"].values]
+            doc["shared_over_split"] = ratio_records(ds)
         if "meets_budget" in ds:
             doc["advice"] = advice_doc(ds)
         print(json.dumps(json_ready(doc), indent=2))
@@ -114,10 +114,8 @@ def _markdown(ds, about: dict) -> str:
     parts = [f"### {table_title(ds)}", "", markdown_table(*summary_cells(ds)), "",
              SUMMARY_CAPTION + "."]
     if "final_ratio" in ds:
-        ratios = [[str(f), str(int(w)), f"{float(ds['final_ratio'].sel(format=f, window=w)):.2f}"]
-                  for f in ds["format"].values for w in ds["window"].values]
-        parts += ["", "shared / split final error (above 1: split drifts less):", "",
-                  markdown_table(["format", "window", "ratio"], ratios)]
+        parts += ["", f"{RATIO_TITLE}:", "",
+                  markdown_table(["format", "window", "ratio"], ratio_cells(ds))]
     if "meets_budget" in ds:
         doc = advice_doc(ds)
         rec = doc["recommended"]
