@@ -7,13 +7,15 @@ streamed, and only per-step scalars are kept.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
-from .designs import Design, TorchDesignGroup
+from .designs import Design, TorchDesignGroup, TorchDesignRunner
 from .kinds import kind_for, ring_dtype_of
 from .traces import Trace
 
@@ -125,8 +127,13 @@ def run(
     ring_dtype: str = "bf16",
     seed: int = 0,
     on_step: Callable[[int], None] | None = None,
+    precompile: bool = True,
 ) -> Iterator[StepMetrics]:
     """Yield the metrics of every design at every step of ``trace``.
+
+    On the triton backend the designs' kernels are first compiled in parallel
+    (``precompile``; :func:`precisionlab.kernels.precompile.precompile`), which only
+    changes how long a first run on a machine takes.
 
     The reference consumes the same inputs the ring stores (rounded to the ring
     dtype), so every error measured is the state's storage, not the ring's
@@ -143,6 +150,12 @@ def run(
     state0 = trace.state0.to(dev) if trace.state0 is not None else None
     S_ref = (state0.double().clone() if state0 is not None
              else torch.zeros(kind.state_shape(batch), dtype=torch.float64, device=dev))
+    steps = iter(trace)
+    if be == "triton" and precompile and trace.steps > 0:
+        first = next(steps)
+        _precompile(designs, kind, params32, batch, dev, rdt, seed, state0, first,
+                    trace.steps)
+        steps = chain((first,), steps)
     lanes = make_lanes(designs, kind, params32, batch, dev, rdt, seed, state0, be)
     order = torch.tensor([i for idx, _ in lanes for i in idx], dtype=torch.long)
     inverse = torch.empty_like(order)
@@ -150,7 +163,7 @@ def run(
     inverse = inverse.to(dev)
     nan = torch.full((1, batch), float("nan"), dtype=torch.float64, device=dev)
     pending: deque[tuple[int, torch.Tensor, torch.cuda.Event | None]] = deque()
-    for t, raw in enumerate(trace):
+    for t, raw in enumerate(steps):
         raw = {k: _to_device(v, dev) for k, v in raw.items()}
         inp = kind.prepare(raw, params32, rdt)
         y_ref = kind.reference_step_(S_ref, inp.to(torch.float64), params64)
@@ -178,6 +191,25 @@ def run(
             yield from _emit(pending.popleft(), batch, on_step)
     while pending:
         yield from _emit(pending.popleft(), batch, on_step)
+
+
+def _precompile(designs, kind, params32, batch, dev, rdt, seed, state0, first, steps) -> None:
+    """Compile the kernels of ``designs`` in parallel: throwaway triton lanes walk their
+    first window plus one step on the first step's inputs, launching nothing."""
+    from .kernels.precompile import precompile
+
+    raw = {k: _to_device(v, dev) for k, v in first.items()}
+    inp = kind.prepare(raw, params32, rdt)
+
+    def runners():
+        with warnings.catch_warnings():  # a design's torch fallback warns in the real run
+            warnings.simplefilter("ignore")
+            lanes = make_lanes(designs, kind, params32, batch, dev, rdt, seed, state0,
+                               "triton")
+        return [(lane, min(steps, designs[idx[0]].window + 1)) for idx, lane in lanes
+                if not isinstance(lane.runner, TorchDesignRunner)]
+
+    precompile(runners, inp, raw)
 
 
 def _to_device(v: torch.Tensor, dev: torch.device) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""Wall time of a first ``advise`` sweep on the kernels, with Triton's disk cache empty,
+with and without the parallel compile that precedes a triton-backend run
+(``precisionlab.kernels.precompile``), then once more with the cache filled.
+
+Each timed run is a fresh Python process with its own empty cache folder, so every run
+but the last compiles everything it launches:
+
+    python benchmarks/time_first_run.py --model nemotron-3-nano-4b --out first_run.json
+
+The sweep is ``precisionlab advise``'s default one (fp8-e4m3 and nvfp4; shared, split
+with an fp32 and an fp16-sr checkpoint; L = 4, 16, 64) over ``--steps`` steps at batch
+2.  The runs' final errors must agree bit for bit; the JSON records whether they do.
+Exit 2 with one line on bad arguments or without a GPU; the JSON is written whole or
+not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # after the installed packages: kernels/ must not shadow one
+
+MODES = ("no-precompile", "precompile", "warm-cache")
+
+
+def child(model: str, steps: int, precompile: bool) -> dict:
+    """One sweep in this process: wall seconds and the final errors."""
+    from precisionlab import engine
+    from precisionlab.studies.advise import advise
+
+    if not precompile:
+        engine._precompile = lambda *args, **kwargs: None
+    t0 = time.perf_counter()
+    ds = advise(model, max_value=0.05, steps=steps, batch=2, backend="triton", device="cuda")
+    wall = time.perf_counter() - t0
+    final = ds["rel_err"].isel(step=-1).values
+    return {"wall_s": wall, "final": [float(v) for v in final.ravel()]}
+
+
+def run_child(model: str, steps: int, mode: str, cache: str) -> dict:
+    env = dict(os.environ, TRITON_CACHE_DIR=cache)
+    cmd = [sys.executable, __file__, "--child", mode, "--model", model, "--steps", str(steps)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{mode} run exited {out.returncode}: {out.stderr.strip()[-600:]}")
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row["process_s"] = time.perf_counter() - t0
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="nemotron-3-nano-4b")
+    ap.add_argument("--steps", type=int, default=1024)
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                    help="runs to time (warm-cache reuses the precompile run's cache)")
+    ap.add_argument("--out", default=None, help="JSON file for the timings")
+    ap.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.steps < 1:
+        print("error: --steps must be at least 1", file=sys.stderr)
+        return 2
+    if a.child is not None:
+        print(json.dumps(child(a.model, a.steps, a.child != "no-precompile")))
+        return 0
+    import torch
+
+    from precisionlab.atomic import write_json
+    from precisionlab.presets import get_preset
+
+    try:
+        get_preset(a.model)
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: timing the kernels' first run needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = {}
+    with tempfile.TemporaryDirectory() as cold_a, tempfile.TemporaryDirectory() as cold_b:
+        for mode in MODES:  # in this order: warm-cache after precompile
+            if mode in a.modes:
+                cache = cold_a if mode == "no-precompile" else cold_b
+                rows[mode] = run_child(a.model, a.steps, mode, cache)
+    finals = [r.pop("final") for r in rows.values()]
+    result = {"model": a.model, "steps": a.steps, "batch": 2, "configurations": len(finals[0]),
+              "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(),
+              "same_results": all(f == finals[0] for f in finals), "runs": rows}
+    for mode, r in rows.items():
+        print(f"{mode:14s} sweep {r['wall_s']:7.1f} s   process {r['process_s']:7.1f} s")
+    print(f"same results: {result['same_results']}")
+    if a.out:
+        write_json(Path(a.out), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""A triton-backend run compiles its kernels in parallel first
+(``precisionlab.kernels.precompile``), and that changes nothing it measures."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from precisionlab import engine
+from precisionlab.kernels import precompile as pc
+from precisionlab.studies import drift
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
+                               reason="the triton backend needs a CUDA GPU")
+
+
+@triton.jit
+def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + 1.0, mask=m)
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_a_launch_inside_compile_only_runs_nothing_and_the_kernel_is_then_ready() -> None:
+    x = torch.zeros(8, device=_device())
+    with pc.compile_only(workers=2):
+        _add_one[(1,)](x, 8, BLOCK=8)
+    if pc.INTERPRETED.value:  # nothing to compile: the launch ran
+        assert x.tolist() == [1.0] * 8
+        return
+    assert x.tolist() == [0.0] * 8, "a launch inside compile_only must not run"
+    _add_one[(1,)](x, 8, BLOCK=8)
+    assert x.tolist() == [1.0] * 8
+
+
+def test_compile_only_puts_the_launch_back_after_an_error() -> None:
+    from triton.runtime.jit import JITFunction
+
+    run = JITFunction.run
+    with pytest.raises(RuntimeError, match="boom"):
+        with pc.compile_only(workers=1):
+            raise RuntimeError("boom")
+    assert JITFunction.run is run
+
+
+def test_workers_follow_the_cores(monkeypatch) -> None:
+    monkeypatch.setattr(pc.os, "cpu_count", lambda: 64)
+    assert pc.default_workers() == pc.MAX_WORKERS
+    monkeypatch.setattr(pc.os, "cpu_count", lambda: None)
+    assert pc.default_workers() == 1
+
+
+def _forget_compiled_kernels() -> None:
+    """Empty every project kernel's in-memory cache (the next launch compiles it again,
+    from Triton's disk cache where it is there)."""
+    from triton.runtime.jit import JITFunction
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("precisionlab.kernels") or module is None:
+            continue
+        for value in vars(module).values():
+            fn = getattr(value, "fn", value)  # autotuner / heuristics wrappers
+            if isinstance(fn, JITFunction):
+                fn.device_caches.clear()
+
+
+@needs_gpu
+@pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b"])
+def test_a_precompiled_run_compiles_nothing_itself(model: str, monkeypatch) -> None:
+    phase = ["run"]
+    compiled: list[str] = []
+    walk = pc.precompile
+
+    def watched(*args, **kwargs):
+        phase[0] = "precompile"
+        try:
+            return walk(*args, **kwargs)
+        finally:
+            phase[0] = "run"
+
+    monkeypatch.setattr(pc, "precompile", watched)
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
+                        lambda *a, **k: compiled.append(phase[0]))
+    _forget_compiled_kernels()
+    drift(model, ["fp8-e4m3", "nvfp4"], designs=["shared", "split"], windows=[4, 8],
+          checkpoint_format=["fp32", "fp16-sr"], steps=12, batch=2, device="cuda",
+          backend="triton")
+    assert compiled.count("precompile") > 0
+    assert compiled.count("run") == 0, f"{compiled.count('run')} kernels compiled in the run"
+
+
+@needs_gpu
+@pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b"])
+def test_precompiling_changes_no_result(model: str, monkeypatch) -> None:
+    kwargs = dict(designs=["shared", "split"], windows=[4], checkpoint_format="fp16-sr",
+                  steps=10, batch=2, device="cuda", backend="triton", seed=5)
+    with_it = drift(model, ["fp8-e4m3", "nvfp4"], **kwargs)
+    monkeypatch.setattr(engine, "_precompile", lambda *a, **k: None)
+    _forget_compiled_kernels()
+    without = drift(model, ["fp8-e4m3", "nvfp4"], **kwargs)
+    for name in ("rel_err", "state_rel_err", "abs_err_max"):
+        np.testing.assert_array_equal(with_it[name].values, without[name].values)
