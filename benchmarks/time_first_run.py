@@ -91,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:  # in this order: warm-cache after precompile
             if mode in a.modes:
                 cache = cold_a if mode == "no-precompile" else cold_b
-                rows[mode] = run_child(a.model, a.steps, mode, cache)
+                rows[mode] = r = run_child(a.model, a.steps, mode, cache)
+                print(f"{mode:14s} sweep {r['wall_s']:7.1f} s   process {r['process_s']:7.1f} s",
+                      flush=True)
     finals = [r.pop("final") for r in rows.values()]
     result = {"model": a.model, "steps": a.steps, "batch": 2, "configurations": len(finals[0]),
               "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(),
               "same_results": all(f == finals[0] for f in finals), "runs": rows}
-    for mode, r in rows.items():
-        print(f"{mode:14s} sweep {r['wall_s']:7.1f} s   process {r['process_s']:7.1f} s")
     print(f"same results: {result['same_results']}")
     if a.out:
         write_json(Path(a.out), result)
