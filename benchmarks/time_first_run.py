@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.steps < 1:
         print("error: --steps must be at least 1", file=sys.stderr)
         return 2
+    if a.out is not None and (not a.out.endswith(".json") or not Path(a.out).parent.is_dir()):
+        print(f"error: --out takes a .json path in an existing folder, not {a.out!r}",
+              file=sys.stderr)
+        return 2
     if a.child is not None:
         print(json.dumps(child(a.model, a.steps, a.child != "no-precompile")))
         return 0

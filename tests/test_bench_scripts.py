@@ -97,6 +97,11 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
      "unknown model"),
     ("time_model_drift.py", ["--model", "tiny-gdn", "--backends", "triton", "--device", "cpu"],
      "needs a CUDA device"),
+    ("time_first_run.py", ["--steps", "0"], "--steps must be at least 1"),
+    ("time_first_run.py", ["--model", "no-such-model"], "unknown model"),
+    ("time_first_run.py", ["--out", "no/such/dir/x.json"], "a .json path in an existing folder"),
+    ("time_first_run.py", ["--out", "x.nc"], "a .json path in an existing folder"),
+    ("time_first_run.py", ["--modes", "cold"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
     r = run(script, *args, tmp=tmp_path)
@@ -113,6 +118,7 @@ def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: 
                                "--config", "num_warps=2 maxnreg=128 flush_grid=dynamic"]),
     ("probe_nvfp4_encode.py", []),
     ("time_encode_launch.py", ["--model", "nemotron-3-nano-4b", "--setting", "rows=32"]),
+    ("time_first_run.py", ["--steps", "8"]),
 ])
 def test_timing_scripts_without_gpu_exit_2(script: str, args: list[str], tmp_path: Path) -> None:
     if __import__("torch").cuda.is_available():
