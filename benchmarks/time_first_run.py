@@ -6,6 +6,8 @@ Each timed run is a fresh Python process with its own empty cache folder, so eve
 but the last compiles everything it launches:
 
     python benchmarks/time_first_run.py --model nemotron-3-nano-4b --out first_run.json
+    python benchmarks/time_first_run.py --model qwen3.5-4b --modes precompile warm-cache \
+        --limit 240 --out first_run.json     # runs in the given order, each at most 240 s
 
 The sweep is ``precisionlab advise``'s default one (fp8-e4m3 and nvfp4; shared, split
 with an fp32 and an fp16-sr checkpoint; L = 4, 16, 64) over ``--steps`` steps at batch
@@ -46,11 +48,16 @@ def child(model: str, steps: int, precompile: bool) -> dict:
     return {"wall_s": wall, "final": [float(v) for v in final.ravel()]}
 
 
-def run_child(model: str, steps: int, mode: str, cache: str) -> dict:
+def run_child(model: str, steps: int, mode: str, cache: str, limit: float | None) -> dict:
+    """One timed run in a fresh process; past ``limit`` seconds it is stopped and the row
+    says so (``cut_off_s``) instead of giving times."""
     env = dict(os.environ, TRITON_CACHE_DIR=cache)
     cmd = [sys.executable, __file__, "--child", mode, "--model", model, "--steps", str(steps)]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return {"cut_off_s": limit, "final": None}
     if out.returncode != 0:
         raise RuntimeError(f"{mode} run exited {out.returncode}: {out.stderr.strip()[-600:]}")
     row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -63,12 +70,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="nemotron-3-nano-4b")
     ap.add_argument("--steps", type=int, default=1024)
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
-                    help="runs to time (warm-cache reuses the precompile run's cache)")
+                    help="runs to time, in this order (warm-cache reuses the cache of a "
+                         "precompile run before it)")
+    ap.add_argument("--limit", type=float, default=None,
+                    help="seconds a run may take before it is stopped and noted as cut off")
     ap.add_argument("--out", default=None, help="JSON file for the timings")
     ap.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.steps < 1:
         print("error: --steps must be at least 1", file=sys.stderr)
+        return 2
+    if a.limit is not None and not a.limit > 0:
+        print("error: --limit must be a positive number of seconds", file=sys.stderr)
+        return 2
+    modes = list(dict.fromkeys(a.modes))
+    if "warm-cache" in modes and "precompile" not in modes[:modes.index("warm-cache")]:
+        print("error: --modes warm-cache needs a precompile run before it", file=sys.stderr)
         return 2
     if a.out is not None and (not a.out.endswith(".json") or not Path(a.out).parent.is_dir()):
         print(f"error: --out takes a .json path in an existing folder, not {a.out!r}",
@@ -92,14 +109,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = {}
     with tempfile.TemporaryDirectory() as cold_a, tempfile.TemporaryDirectory() as cold_b:
-        for mode in MODES:  # in this order: warm-cache after precompile
-            if mode in a.modes:
-                cache = cold_a if mode == "no-precompile" else cold_b
-                rows[mode] = r = run_child(a.model, a.steps, mode, cache)
-                print(f"{mode:14s} sweep {r['wall_s']:7.1f} s   process {r['process_s']:7.1f} s",
-                      flush=True)
-    finals = [r.pop("final") for r in rows.values()]
-    result = {"model": a.model, "steps": a.steps, "batch": 2, "configurations": len(finals[0]),
+        for mode in modes:
+            cache = cold_a if mode == "no-precompile" else cold_b
+            try:
+                rows[mode] = r = run_child(a.model, a.steps, mode, cache, a.limit)
+            except RuntimeError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            if "cut_off_s" in r:
+                print(f"{mode:14s} cut off after {a.limit:.0f} s", flush=True)
+            else:
+                print(f"{mode:14s} sweep {r['wall_s']:7.1f} s   process "
+                      f"{r['process_s']:7.1f} s", flush=True)
+    finals = [f for f in (r.pop("final") for r in rows.values()) if f is not None]
+    result = {"model": a.model, "steps": a.steps, "batch": 2,
+              "configurations": len(finals[0]) if finals else None,
               "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(),
               "same_results": all(f == finals[0] for f in finals), "runs": rows}
     print(f"same results: {result['same_results']}")

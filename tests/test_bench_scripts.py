@@ -102,6 +102,8 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_first_run.py", ["--out", "no/such/dir/x.json"], "a .json path in an existing folder"),
     ("time_first_run.py", ["--out", "x.nc"], "a .json path in an existing folder"),
     ("time_first_run.py", ["--modes", "cold"], "invalid choice"),
+    ("time_first_run.py", ["--limit", "0"], "--limit must be a positive number"),
+    ("time_first_run.py", ["--modes", "warm-cache", "precompile"], "needs a precompile run"),
 ])
 def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
     r = run(script, *args, tmp=tmp_path)
