@@ -37,6 +37,9 @@ trace_app.command("info")(trace.trace_info)
 
 def main() -> None:
     """Console-script entry point."""
+    from precisionlab.allocator import reuse_freed_memory
+
+    reuse_freed_memory()
     try:
         app()
     except KeyboardInterrupt:  # pragma: no cover - interactive
