@@ -21,17 +21,24 @@ LARGE = 2**31 - 1
 """Both thresholds' value (bytes): the largest ``mallopt`` takes."""
 
 
-def reuse_freed_memory() -> bool:
-    """Keep freed large blocks for reuse (glibc's ``mallopt``: no separate mapping below
-    2 GiB and no trimming of the heap).  Returns whether the setting took; on other C
-    libraries or systems it does nothing and returns False."""
+def glibc_mallopt():
+    """glibc's ``mallopt`` as a ctypes function, or None on other systems or C libraries."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc
-        return False
+        return None
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
+    return mallopt
+
+
+def reuse_freed_memory() -> bool:
+    """Keep freed large blocks for reuse (glibc's ``mallopt``: no separate mapping below
+    2 GiB and no trimming of the heap).  Returns whether the setting took; without
+    glibc it does nothing and returns False."""
+    mallopt = glibc_mallopt()
+    if mallopt is None:
+        return False
     return bool(mallopt(M_MMAP_THRESHOLD, LARGE)) and bool(mallopt(M_TRIM_THRESHOLD, LARGE))

@@ -33,18 +33,7 @@ def _faults(reuse: bool) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def _has_mallopt() -> bool:
-    import ctypes
-    import ctypes.util
-
-    try:
-        return hasattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "mallopt")
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not _has_mallopt(),
-                    reason="glibc's mallopt only")
+@pytest.mark.skipif(allocator.glibc_mallopt() is None, reason="glibc's mallopt only")
 def test_freed_large_blocks_are_reused_without_faulting_their_pages_again() -> None:
     pages = 4 * 64 * 2**20 // 4096
     assert _faults(False) > 0.9 * pages, "without the setting each block faults its pages"
