@@ -1,6 +1,7 @@
 """Wall time of a first ``advise`` sweep on the kernels, with Triton's disk cache empty,
 with and without the parallel compile that precedes a triton-backend run
-(``precisionlab.kernels.precompile``), then once more with the cache filled.
+(``precisionlab.kernels.precompile``: on worker processes, or ``precompile-threads`` on
+threads of the one process), then once more with the cache filled.
 
 Each timed run is a fresh Python process with its own empty cache folder, so every run
 but the last compiles everything it launches:
@@ -31,21 +32,38 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # after the installed packages: kernels/ must not shadow one
 
-MODES = ("no-precompile", "precompile", "warm-cache")
+MODES = ("no-precompile", "precompile", "precompile-threads", "warm-cache")
 
 
-def child(model: str, steps: int, precompile: bool) -> dict:
-    """One sweep in this process: wall seconds and the final errors."""
+def child(model: str, steps: int, mode: str) -> dict:
+    """One sweep in this process: wall seconds, the final errors and, where the kernels
+    were compiled first, how many and in how long."""
+    from contextlib import contextmanager
+
     from precisionlab import engine
+    from precisionlab.kernels import precompile as pc
     from precisionlab.studies.advise import advise
 
-    if not precompile:
+    compiles: list[dict] = []
+    only = pc.compile_only
+
+    @contextmanager
+    def timed(workers=None, processes=True):
+        t = time.perf_counter()
+        with only(workers, processes and mode != "precompile-threads") as report:
+            yield report
+        compiles.append({"seconds": time.perf_counter() - t, "kernels": report.kernels,
+                         "in_workers": report.in_workers,
+                         "worker_errors": report.worker_errors[:5]})
+
+    pc.compile_only = timed
+    if mode == "no-precompile":
         engine._precompile = lambda *args, **kwargs: None
     t0 = time.perf_counter()
     ds = advise(model, max_value=0.05, steps=steps, batch=2, backend="triton", device="cuda")
     wall = time.perf_counter() - t0
     final = ds["rel_err"].isel(step=-1).values
-    return {"wall_s": wall, "final": [float(v) for v in final.ravel()]}
+    return {"wall_s": wall, "compile": compiles, "final": [float(v) for v in final.ravel()]}
 
 
 def run_child(model: str, steps: int, mode: str, cache: str, limit: float | None) -> dict:
@@ -92,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if a.child is not None:
-        print(json.dumps(child(a.model, a.steps, a.child != "no-precompile")))
+        print(json.dumps(child(a.model, a.steps, a.child)))
         return 0
     import torch
 
@@ -108,19 +126,21 @@ def main(argv: list[str] | None = None) -> int:
         print("error: timing the kernels' first run needs a CUDA GPU", file=sys.stderr)
         return 2
     rows = {}
-    with tempfile.TemporaryDirectory() as cold_a, tempfile.TemporaryDirectory() as cold_b:
-        for mode in modes:
-            cache = cold_a if mode == "no-precompile" else cold_b
+    with tempfile.TemporaryDirectory() as caches:
+        for mode in modes:  # warm-cache reuses the precompile run's cache
+            cache = os.path.join(caches, "precompile" if mode == "warm-cache" else mode)
             try:
                 rows[mode] = r = run_child(a.model, a.steps, mode, cache, a.limit)
             except RuntimeError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             if "cut_off_s" in r:
-                print(f"{mode:14s} cut off after {a.limit:.0f} s", flush=True)
+                print(f"{mode:18s} cut off after {a.limit:.0f} s", flush=True)
             else:
-                print(f"{mode:14s} sweep {r['wall_s']:7.1f} s   process "
-                      f"{r['process_s']:7.1f} s", flush=True)
+                pre = "".join(f"   compile {c['seconds']:6.1f} s ({c['kernels']} kernels, "
+                              f"{c['in_workers']} in workers)" for c in r["compile"])
+                print(f"{mode:18s} sweep {r['wall_s']:7.1f} s   process "
+                      f"{r['process_s']:7.1f} s{pre}", flush=True)
     finals = [f for f in (r.pop("final") for r in rows.values()) if f is not None]
     result = {"model": a.model, "steps": a.steps, "batch": 2,
               "configurations": len(finals[0]) if finals else None,

@@ -5,9 +5,12 @@ variants: the window, the stored formats and the tile sizes are compile-time con
 so a sweep of 18 configurations compiles tens of kernels.  Compiled one after the other
 as the run reaches them, they take most of a first run's wall time on a fresh machine.
 
-:func:`compile_only` turns every Triton launch inside it into a compile request that a
-thread pool serves (Triton's ``AsyncCompileMode``; its compiler and ``ptxas`` release
-the interpreter lock), and launches nothing.  :func:`precompile` uses it to walk
+:func:`compile_only` turns every Triton launch inside it into a compile request and
+launches nothing.  By default the requests are collected and compiled by worker
+processes (:mod:`precisionlab.kernels.compile_worker`) into Triton's disk cache, then
+loaded here; a request a worker could not serve is compiled here on a thread pool.
+Threads alone (``processes=False``; Triton's ``AsyncCompileMode``) gain less, because
+part of every compile holds the interpreter lock.  :func:`precompile` uses it to walk
 throwaway runners over the steps a real run will take first, so the real run then finds
 each kernel compiled, in memory and in Triton's on-disk cache.  Nothing here changes
 what a kernel computes.
@@ -15,10 +18,16 @@ what a kernel computes.
 
 from __future__ import annotations
 
+import json
 import os
+import queue
+import subprocess
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import triton
 from triton.runtime.jit import JITFunction
@@ -26,40 +35,163 @@ from triton.runtime.jit import JITFunction
 from .tl_formats import INTERPRETED
 
 MAX_WORKERS = 8
-"""Compile threads at most (each compile also starts one ``ptxas`` process)."""
+"""Compile threads or worker processes at most (each compile also starts one
+``ptxas`` process)."""
 
 
 def default_workers() -> int:
-    """Threads for :func:`compile_only`: the machine's cores, at most :data:`MAX_WORKERS`."""
+    """Workers for :func:`compile_only`: the machine's cores, at most :data:`MAX_WORKERS`."""
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
+@dataclass
+class CompileReport:
+    """What a :func:`compile_only` block compiled, filled in when it ends."""
+
+    kernels: int = 0
+    """Distinct kernel variants requested."""
+    in_workers: int = 0
+    """Of those, compiled (or found on disk) by worker processes."""
+    worker_errors: list[str] = field(default_factory=list)
+    """Why a worker could not serve a request (each then compiled here)."""
+
+
 @contextmanager
-def compile_only(workers: int | None = None) -> Iterator[None]:
-    """Inside, a Triton launch compiles its kernel on a pool of ``workers`` threads and
-    does not run it; on exit every compile has finished (an error in one is raised) and
-    the kernels are in their functions' caches.  Under ``TRITON_INTERPRET=1`` there is
-    nothing to compile, and launches run as usual."""
+def compile_only(workers: int | None = None, processes: bool = True
+                 ) -> Iterator[CompileReport]:
+    """Inside, a Triton launch requests its kernel's compile and does not run it; on exit
+    every kernel has compiled (an error in one is raised) and is in its function's
+    cache.  The compiles run on ``workers`` worker processes (``processes``) or threads.
+    Under ``TRITON_INTERPRET=1`` there is nothing to compile, and launches run as
+    usual."""
+    report = CompileReport()
     if INTERPRETED.value:
-        yield
+        yield report
         return
+    if not processes:
+        with _threads(workers), _launches_compile_only():
+            yield report
+        return
+    requests: dict[str, tuple[str, str, JITFunction]] = {}
+
+    def collect(*, fn, compile, **_) -> bool:
+        requests.setdefault(compile["specialization_data"],
+                            (fn.module, fn.name, fn.jit_function))
+        return True  # tells Triton not to compile it here
+
+    saved = triton.knobs.runtime.jit_cache_hook
+    triton.knobs.runtime.jit_cache_hook = collect
+    try:
+        with _launches_compile_only():
+            yield report
+    finally:
+        triton.knobs.runtime.jit_cache_hook = saved
+    report.kernels = len(requests)
+    done, report.worker_errors = compile_in_processes(
+        {spec: (module, name) for spec, (module, name, _) in requests.items()},
+        workers or default_workers())
+    report.in_workers = len(done)
+    with _threads(workers):  # loads from disk; compiles here what no worker did
+        for spec, (_, _, fn) in requests.items():
+            fn.preload(spec)
+
+
+@contextmanager
+def _threads(workers: int | None) -> Iterator[ThreadPoolExecutor]:
+    """Triton compiles on a pool of threads inside (``AsyncCompileMode``)."""
+    with ThreadPoolExecutor(workers or default_workers(),
+                            thread_name_prefix="precisionlab-compile") as pool:
+        with triton.AsyncCompileMode(pool):
+            yield pool
+
+
+@contextmanager
+def _launches_compile_only() -> Iterator[None]:
+    """Inside, a launch of a Triton kernel only gets it compiled (``warmup``)."""
     original = JITFunction.run
 
     def compile_request(fn, *args, grid, warmup, **kwargs):
         return original(fn, *args, grid=grid, warmup=True, **kwargs)
 
-    with ThreadPoolExecutor(workers or default_workers(),
-                            thread_name_prefix="precisionlab-compile") as pool:
-        with triton.AsyncCompileMode(pool):
-            JITFunction.run = compile_request
-            try:
-                yield
-            finally:
-                JITFunction.run = original
+    JITFunction.run = compile_request
+    try:
+        yield
+    finally:
+        JITFunction.run = original
+
+
+def compile_in_processes(requests: dict[str, tuple[str, str]], workers: int,
+                         target=None) -> tuple[set[str], list[str]]:
+    """Compile kernels into Triton's disk cache on ``workers`` worker processes.
+
+    ``requests`` maps each launch's specialization data to its kernel's module and
+    name; ``target`` is the GPU target (the current device's by default).  Returns the
+    requests served and, for the others, why not; a worker that cannot start or dies
+    leaves its requests unserved, never raises."""
+    if not requests:
+        return set(), []
+    target = target or triton.runtime.driver.active.get_current_target()
+    tasks: queue.Queue = queue.Queue()
+    specs = list(requests)
+    for i, spec in enumerate(specs):
+        module, name = requests[spec]
+        tasks.put({"id": i, "module": module, "name": name, "spec": spec,
+                   "target": [target.backend, target.arch, target.warp_size]})
+    served: set[str] = set()
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def serve() -> None:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "precisionlab.kernels.compile_worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True, env=_worker_env())
+        except OSError as exc:
+            with lock:
+                errors.append(f"worker did not start: {exc}")
+            return
+        with proc:
+            while True:
+                try:
+                    task = tasks.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    proc.stdin.write(json.dumps(task) + "\n")
+                    proc.stdin.flush()
+                    line = proc.stdout.readline()
+                except OSError:
+                    line = ""
+                reply = json.loads(line) if line.strip() else {
+                    "ok": False, "error": f"worker exited with {proc.poll()}"}
+                with lock:
+                    if reply["ok"]:
+                        served.add(specs[task["id"]])
+                    else:
+                        errors.append(f"{task['name']}: {reply['error']}")
+                if not line.strip():
+                    break
+            proc.stdin.close()
+
+    threads = [threading.Thread(target=serve, name=f"precisionlab-compile-{i}")
+               for i in range(min(workers, len(specs)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return served, errors
+
+
+def _worker_env() -> dict[str, str]:
+    """A worker's environment: this process's, its import path and its Triton cache
+    folder (which may have been set in code)."""
+    path = os.pathsep.join(p for p in sys.path if p)
+    return dict(os.environ, PYTHONPATH=path, TRITON_CACHE_DIR=triton.knobs.cache.dir)
 
 
 def precompile(make_runners: Callable[[], Iterable[tuple[object, int]]], inputs, raw,
-               workers: int | None = None) -> int:
+               workers: int | None = None, processes: bool = True) -> int:
     """Compile the kernels that runners launch when built and over their first steps, in
     parallel.
 
@@ -70,7 +202,7 @@ def precompile(make_runners: Callable[[], Iterable[tuple[object, int]]], inputs,
     ``runner.step``, given at every step (launch arguments keep their shapes from step
     to step).  Returns the steps walked."""
     walked = 0
-    with compile_only(workers):
+    with compile_only(workers, processes):
         for runner, steps in make_runners():
             for t in range(steps):
                 runner.step(inputs, t, raw)

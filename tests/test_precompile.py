@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -30,26 +31,38 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def test_a_launch_inside_compile_only_runs_nothing_and_the_kernel_is_then_ready() -> None:
+@pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
+def test_a_launch_inside_compile_only_runs_nothing_and_the_kernel_is_then_ready(
+        processes: bool, monkeypatch) -> None:
+    compiled: list[str] = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
+                        lambda *a, **k: compiled.append("x"))
+    block = 8 if processes else 16  # a variant not compiled before in this process
     x = torch.zeros(8, device=_device())
-    with pc.compile_only(workers=2):
-        _add_one[(1,)](x, 8, BLOCK=8)
+    with pc.compile_only(workers=2, processes=processes) as report:
+        _add_one[(1,)](x, 8, BLOCK=block)
     if pc.INTERPRETED.value:  # nothing to compile: the launch ran
         assert x.tolist() == [1.0] * 8
         return
     assert x.tolist() == [0.0] * 8, "a launch inside compile_only must not run"
-    _add_one[(1,)](x, 8, BLOCK=8)
+    if processes:
+        assert (report.kernels, report.in_workers, report.worker_errors) == (1, 1, [])
+    n = len(compiled)
+    _add_one[(1,)](x, 8, BLOCK=block)
     assert x.tolist() == [1.0] * 8
+    assert len(compiled) == n == 1, "the launch after compile_only compiled again"
 
 
-def test_compile_only_puts_the_launch_back_after_an_error() -> None:
+@pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
+def test_compile_only_puts_the_launch_back_after_an_error(processes: bool) -> None:
     from triton.runtime.jit import JITFunction
 
-    run = JITFunction.run
+    run, hook = JITFunction.run, triton.knobs.runtime.jit_cache_hook
     with pytest.raises(RuntimeError, match="boom"):
-        with pc.compile_only(workers=1):
+        with pc.compile_only(workers=1, processes=processes):
             raise RuntimeError("boom")
     assert JITFunction.run is run
+    assert triton.knobs.runtime.jit_cache_hook is hook
 
 
 def test_workers_follow_the_cores(monkeypatch) -> None:
@@ -74,20 +87,30 @@ def _forget_compiled_kernels() -> None:
 
 
 @needs_gpu
+@pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
 @pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b"])
-def test_a_precompiled_run_compiles_nothing_itself(model: str, monkeypatch) -> None:
+def test_a_precompiled_run_compiles_nothing_itself(model: str, processes: bool,
+                                                   monkeypatch) -> None:
     phase = ["run"]
     compiled: list[str] = []
-    walk = pc.precompile
+    reports: list[pc.CompileReport] = []
+    walk, only = pc.precompile, pc.compile_only
 
     def watched(*args, **kwargs):
         phase[0] = "precompile"
         try:
-            return walk(*args, **kwargs)
+            return walk(*args, **{**kwargs, "processes": processes})
         finally:
             phase[0] = "run"
 
+    @contextmanager
+    def reported(*args, **kwargs):
+        with only(*args, **kwargs) as report:
+            yield report
+        reports.append(report)
+
     monkeypatch.setattr(pc, "precompile", watched)
+    monkeypatch.setattr(pc, "compile_only", reported)
     monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
                         lambda *a, **k: compiled.append(phase[0]))
     _forget_compiled_kernels()
@@ -96,6 +119,10 @@ def test_a_precompiled_run_compiles_nothing_itself(model: str, monkeypatch) -> N
           backend="triton")
     assert compiled.count("precompile") > 0
     assert compiled.count("run") == 0, f"{compiled.count('run')} kernels compiled in the run"
+    if processes:
+        [report] = reports
+        assert report.worker_errors == []
+        assert report.in_workers == report.kernels == compiled.count("precompile")
 
 
 @needs_gpu

@@ -1,0 +1,87 @@
+"""A worker process that compiles Triton kernels into Triton's disk cache.
+
+:func:`precisionlab.kernels.precompile.compile_only` starts a few of these
+(``python -m precisionlab.kernels.compile_worker``) so that a study's kernels compile
+in parallel without sharing one interpreter lock.  Each line on stdin is one task, a
+JSON object ``{"id", "module", "name", "spec", "target"}``: the kernel's module and
+name, Triton's serialized specialization data of one launch (what
+``JITFunction.preload`` reads) and the GPU target ``[backend, arch, warp_size]``.  Each
+task gets one line back, ``{"id", "ok", "seconds"}`` plus ``"error"`` when it failed.
+The worker needs no GPU: it compiles for the target it is given, under the same
+cache key as the launch in the parent process, which then loads the kernel from disk.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from typing import Any
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction
+
+
+def jit_function(module: str, name: str) -> JITFunction:
+    """The ``JITFunction`` named ``name`` in ``module`` (through autotune / heuristics
+    wrappers)."""
+    obj: Any = getattr(importlib.import_module(module), name)
+    while not isinstance(obj, JITFunction):
+        obj = obj.fn
+    return obj
+
+
+def source_of(fn: JITFunction, spec: str) -> tuple[ASTSource, dict]:
+    """The compile source and raw options of one launch from its specialization data
+    (the decoding of ``JITFunction.preload``)."""
+    data = json.loads(spec)
+    if data["name"] != fn._fn_name:
+        raise ValueError(f"specialization data of {data['name']}, not of {fn._fn_name}")
+    constexprs = {
+        tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v)
+        else tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
+        for k, v in zip(data["constant_keys"], data["constant_vals"], strict=True)
+    }
+    attrs = {tuple(k): v for k, v in zip(data["attrs_keys"], data["attrs_vals"], strict=True)}
+    signature = {k: _tuples(v) for k, v in data["signature"].items()}
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in data["options"].items()}
+    return ASTSource(fn, signature, constexprs, attrs), options
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists back to the tuples Triton's signatures use."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def compile_task(task: dict) -> None:
+    """Compile one task's kernel into the disk cache (a no-op where it is there)."""
+    target = GPUTarget(*task["target"])
+    src, raw_options = source_of(jit_function(task["module"], task["name"]), task["spec"])
+    options = make_backend(target).parse_options(raw_options)
+    triton.compile(src, target=target, options=options.__dict__)
+
+
+def main() -> int:
+    """Serve tasks from stdin until it closes."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        task = json.loads(line)
+        t0 = time.perf_counter()
+        reply: dict[str, Any] = {"id": task["id"], "ok": True}
+        try:
+            compile_task(task)
+        except Exception as exc:  # reported to the parent, which compiles it itself
+            reply.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
+        reply["seconds"] = round(time.perf_counter() - t0, 3)
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Worker processes compile kernels into Triton's disk cache under the key a launch in
+this process looks up (``precisionlab.kernels.compile_worker``).  The compiles are for
+an sm_90 target, which needs no GPU, only the ``ptxas`` that Triton ships; they run in
+a child process without ``TRITON_INTERPRET`` (which the CPU test session sets)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import triton
+
+pytestmark = pytest.mark.skipif(
+    not Path(triton.__file__).parent.joinpath("backends", "nvidia", "bin", "ptxas").exists(),
+    reason="compiles for a GPU target with Triton's ptxas")
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_const(x_ptr, n, C: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + C, mask=m)
+'''
+
+
+def _spec(fn, c: float, block: int) -> str:
+    """The specialization data of one launch of ``add_const`` (as Triton writes it)."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import serialize_specialization_data
+
+    signature = {"x_ptr": "*fp32", "n": "i32", "C": "constexpr", "BLOCK": "constexpr"}
+    constants = {(2,): c, (3,): block}
+    attrs = {(0,): [["tt.divisibility", 16]]}
+    options = make_backend(_target()).parse_options({"num_warps": 1})
+    return serialize_specialization_data(fn._fn_name, signature, constants, attrs, options,
+                                         f"key-{c}-{block}")
+
+
+def _target():
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", 90, 32)
+
+
+def _compiled_here(fn, spec: str) -> bool:
+    """Compile ``spec`` in this process; whether it came from the disk cache."""
+    from triton.compiler import make_backend
+
+    from precisionlab.kernels import compile_worker as cw
+
+    hits: list[bool] = []
+    src, raw = cw.source_of(fn, spec)
+    options = make_backend(_target()).parse_options(raw)
+    saved = triton.knobs.compilation.listener
+    triton.knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+    try:
+        triton.compile(src, target=_target(), options=options.__dict__)
+    finally:
+        triton.knobs.compilation.listener = saved
+    return hits == [True]
+
+
+def scenario(name: str) -> dict:
+    """Run in the child: one scenario against the kernel module ``pl_worker_kernel``."""
+    import importlib
+
+    from precisionlab.kernels import compile_worker as cw
+    from precisionlab.kernels import precompile as pc
+
+    mod = importlib.import_module("pl_worker_kernel")
+    fn, target = mod.add_const, _target()
+    if name == "fill":
+        specs = {_spec(fn, c, 16): (mod.__name__, "add_const") for c in (1.0, 2.5)}
+        served, errors = pc.compile_in_processes(specs, workers=2, target=target)
+        return {"errors": errors, "served_all": served == set(specs),
+                "hits": [_compiled_here(fn, s) for s in specs],
+                "other_variant_hit": _compiled_here(fn, _spec(fn, 1.0, 32))}
+    if name == "unservable":
+        good = _spec(fn, 1.0, 16)
+        requests = {good: (mod.__name__, "add_const"),
+                    _spec(fn, 3.0, 16): ("no_such_module_here", "add_const")}
+        served, errors = pc.compile_in_processes(requests, workers=1, target=target)
+        return {"served_good_only": served == {good}, "errors": errors}
+    spec = _spec(fn, 1.0, 16).replace("add_const", "other_kernel")
+    try:
+        cw.source_of(fn, spec)
+    except ValueError as exc:
+        return {"refused": str(exc)}
+    return {"refused": None}
+
+
+def _run(tmp_path: Path, name: str) -> dict:
+    (tmp_path / "pl_worker_kernel.py").write_text(textwrap.dedent(KERNEL))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), str(Path(__file__).parent), *sys.path]))
+    code = ("import json, test_compile_worker as t; "
+            f"print(json.dumps(t.scenario({name!r})))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_workers_fill_the_cache_that_a_launch_here_reads(tmp_path) -> None:
+    r = _run(tmp_path, "fill")
+    assert r["errors"] == [] and r["served_all"]
+    assert r["hits"] == [True, True]
+    assert r["other_variant_hit"] is False, "a variant no worker compiled came from disk"
+
+
+def test_a_request_a_worker_cannot_serve_is_reported_not_raised(tmp_path) -> None:
+    r = _run(tmp_path, "unservable")
+    assert r["served_good_only"]
+    assert len(r["errors"]) == 1 and "no_such_module_here" in r["errors"][0]
+
+
+def test_specialization_data_of_another_kernel_is_refused(tmp_path) -> None:
+    assert "other_kernel" in (_run(tmp_path, "refused")["refused"] or "")
