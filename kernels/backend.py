@@ -10,6 +10,7 @@ the kernels cannot run fall back to the torch emulation with a warning, so
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import torch
 
@@ -42,3 +43,24 @@ def make_triton_runner(
                                       state0)
     warnings.warn(f"{design.label}: {why}; running it in torch emulation", stacklevel=2)
     return TorchDesignRunner(design, kind, params, batch, device, ring_dtype, seed, state0)
+
+
+def precompile_designs(designs: Sequence[Design], kind, params, batch: int,
+                       device: torch.device, ring_dtype: torch.dtype, seed: int,
+                       state0: torch.Tensor | None, inputs, raw, steps: int | None = None
+                       ) -> None:
+    """Compile the kernels of ``designs`` in parallel before a run
+    (:func:`precisionlab.kernels.precompile.precompile`): throwaway runners walk their
+    first window plus one step (at most ``steps``) on one step's ``inputs`` and ``raw``
+    inputs, launching nothing.  Designs that fall back to the emulation are skipped."""
+    from .precompile import precompile
+
+    def runners():
+        with warnings.catch_warnings():  # a design's fallback warns in the real run
+            warnings.simplefilter("ignore")
+            built = [(make_triton_runner(d, kind, params, batch, device, ring_dtype, seed,
+                                         state0), d.window + 1) for d in designs]
+        return [(r, n if steps is None else min(n, steps)) for r, n in built
+                if not isinstance(r, TorchDesignRunner)]
+
+    precompile(runners, inputs, raw)

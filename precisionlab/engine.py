@@ -7,7 +7,6 @@ streamed, and only per-step scalars are kept.
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from itertools import chain
 
 import torch
 
-from .designs import Design, TorchDesignGroup, TorchDesignRunner
+from .designs import Design, TorchDesignGroup
 from .kinds import kind_for, ring_dtype_of
 from .traces import Trace
 
@@ -194,22 +193,13 @@ def run(
 
 
 def _precompile(designs, kind, params32, batch, dev, rdt, seed, state0, first, steps) -> None:
-    """Compile the kernels of ``designs`` in parallel: throwaway triton lanes walk their
-    first window plus one step on the first step's inputs, launching nothing."""
-    from .kernels.precompile import precompile
+    """Compile the kernels of ``designs`` in parallel on the first step's inputs
+    (:func:`precisionlab.kernels.backend.precompile_designs`)."""
+    from .kernels.backend import precompile_designs
 
     raw = {k: _to_device(v, dev) for k, v in first.items()}
-    inp = kind.prepare(raw, params32, rdt)
-
-    def runners():
-        with warnings.catch_warnings():  # a design's torch fallback warns in the real run
-            warnings.simplefilter("ignore")
-            lanes = make_lanes(designs, kind, params32, batch, dev, rdt, seed, state0,
-                               "triton")
-        return [(lane, min(steps, designs[idx[0]].window + 1)) for idx, lane in lanes
-                if not isinstance(lane.runner, TorchDesignRunner)]
-
-    precompile(runners, inp, raw)
+    precompile_designs(designs, kind, params32, batch, dev, rdt, seed, state0,
+                       kind.prepare(raw, params32, rdt), raw, steps)
 
 
 def _to_device(v: torch.Tensor, dev: torch.device) -> torch.Tensor:

@@ -72,6 +72,12 @@ def test_workers_follow_the_cores(monkeypatch) -> None:
     assert pc.default_workers() == 1
 
 
+def _ours(hook_kwargs: dict) -> bool:
+    """Whether a compile hook's call is for one of the project's kernels (a model's own
+    layers may compile Triton kernels of other libraries)."""
+    return hook_kwargs["fn"].module.startswith("precisionlab.")
+
+
 def _forget_compiled_kernels() -> None:
     """Empty every project kernel's in-memory cache (the next launch compiles it again,
     from Triton's disk cache where it is there)."""
@@ -112,7 +118,7 @@ def test_a_precompiled_run_compiles_nothing_itself(model: str, processes: bool,
     monkeypatch.setattr(pc, "precompile", watched)
     monkeypatch.setattr(pc, "compile_only", reported)
     monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
-                        lambda *a, **k: compiled.append(phase[0]))
+                        lambda *a, **k: compiled.append(phase[0]) if _ours(k) else None)
     _forget_compiled_kernels()
     drift(model, ["fp8-e4m3", "nvfp4"], designs=["shared", "split"], windows=[4, 8],
           checkpoint_format=["fp32", "fp16-sr"], steps=12, batch=2, device="cuda",
@@ -136,3 +142,35 @@ def test_precompiling_changes_no_result(model: str, monkeypatch) -> None:
     without = drift(model, ["fp8-e4m3", "nvfp4"], **kwargs)
     for name in ("rel_err", "state_rel_err", "abs_err_max"):
         np.testing.assert_array_equal(with_it[name].values, without[name].values)
+
+
+@needs_gpu
+@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-gdn"])
+def test_a_whole_model_on_the_kernels_compiles_them_first_once_per_layer_shape(
+        preset: str, monkeypatch) -> None:
+    from precisionlab.kernels import backend as kb
+    from precisionlab.studies.model_drift import model_drift
+
+    phase = ["run"]
+    compiled: list[str] = []
+    walks: list[int] = []
+    walk = kb.precompile_designs
+
+    def watched(designs, *args, **kwargs):
+        phase[0] = "precompile"
+        walks.append(len(designs))
+        try:
+            return walk(designs, *args, **kwargs)
+        finally:
+            phase[0] = "run"
+
+    monkeypatch.setattr(kb, "precompile_designs", watched)
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
+                        lambda *a, **k: compiled.append(phase[0]) if _ours(k) else None)
+    _forget_compiled_kernels()
+    model_drift(preset, ["fp8-e4m3", "nvfp4"], windows=(2, 4), checkpoint_format="fp16-sr",
+                steps=8, layers=2, batch=2, seed=3, device="cuda", backend="triton")
+    assert len(walks) == 1, "one walk, for the model's one SSM layer shape"
+    assert walks[0] >= 8, "over every configuration (2 formats, 2 designs, 2 windows)"
+    assert compiled.count("precompile") > 0
+    assert compiled.count("run") == 0, f"{compiled.count('run')} kernels compiled in the run"

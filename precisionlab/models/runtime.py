@@ -133,13 +133,17 @@ class DesignDecode:
     ``record`` (decoder-layer indices) keeps the reference rows' raw SSM inputs of
     those layers, per step, in ``recorded``; ``outputs[i]`` is layer i's SSM output
     (all rows, fp32, engine layout) of the last step.  ``backend``: ``"torch"`` (the
-    emulation) or ``"triton"`` (the fused kernels) runs the designs' rows.
+    emulation) or ``"triton"`` (the fused kernels) runs the designs' rows; on the
+    kernels, the first decode step first compiles the designs' kernels in parallel, once
+    per SSM layer shape (``precompile``; it changes no result).
     """
 
     def __init__(self, hm: HybridModel, designs: Sequence[Design], *, batch: int,
                  ring_dtype: str = "bf16", seed: int = 0, record: Iterable[int] = (),
-                 backend: str = "torch"):
+                 backend: str = "torch", precompile: bool = True):
         self.runner_factory = design_runner_factory(backend)
+        self.precompile = precompile and backend == "triton"
+        self._precompiled: set[tuple] = set()
         self.hm, self.designs, self.batch = hm, list(designs), int(batch)
         self.groups = 1 + len(self.designs)
         self.rows = self.groups * self.batch
@@ -192,6 +196,8 @@ class DesignDecode:
             extra = {k: v.float() for k, v in run.adapter.trace_gate(run.mixer, gate).items()}
             self.recorded[idx].append({k: v[:b].cpu() for k, v in {**raw32, **extra}.items()})
         inp = run.kind.prepare(raw32, run.params32, self.ring_dtype)
+        if self.precompile and self.t == 0:
+            self._precompile_layer(run, inp, raw32)
         y_ref = run.kind.reference_step_(run.S_ref, rows(inp, slice(0, b)).to(torch.float64),
                                          run.params64)
         ys = [y_ref.float()]
@@ -204,6 +210,21 @@ class DesignDecode:
                 self._state[g - 1].append(rel_l2(S_new.double() - run.S_ref, run.S_ref))
         self.outputs[idx] = y_all = torch.cat(ys)
         return run.adapter.output(run.mixer, y_all, gate, hs.dtype)
+
+    def _precompile_layer(self, run: _LayerRun, inp: Any, raw32: dict) -> None:
+        """Compile the designs' kernels for ``run``'s layer shape, unless done for
+        another layer of the same shape (:func:`kernels.backend.precompile_designs`)."""
+        shape = (getattr(run.kind, "name", ""), tuple(run.S_ref.shape))
+        if shape in self._precompiled:
+            return
+        self._precompiled.add(shape)
+        from ..kernels.backend import precompile_designs
+
+        sl = slice(self.batch, 2 * self.batch)  # the first design's rows
+        precompile_designs(self.designs, run.kind, run.params32, self.batch,
+                           run.S_ref.device, self.ring_dtype, self.seed,
+                           run.state0.float(), rows(inp, sl),
+                           {k: v[sl] for k, v in raw32.items()})
 
     # --- decoding ------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
