@@ -53,7 +53,7 @@ def child(model: str, steps: int, mode: str) -> dict:
         with only(workers, processes and mode != "precompile-threads") as report:
             yield report
         compiles.append({"seconds": time.perf_counter() - t, "kernels": report.kernels,
-                         "in_workers": report.in_workers,
+                         "in_workers": report.in_workers, "on_disk": report.on_disk,
                          "worker_errors": report.worker_errors[:5]})
 
     pc.compile_only = timed
@@ -137,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             if "cut_off_s" in r:
                 print(f"{mode:18s} cut off after {a.limit:.0f} s", flush=True)
             else:
-                pre = "".join(f"   compile {c['seconds']:6.1f} s ({c['kernels']} kernels, "
-                              f"{c['in_workers']} in workers)" for c in r["compile"])
+                pre = "".join(f"   compile {c['seconds']:6.1f} s ({c['kernels']} kernels: "
+                              f"{c['in_workers']} in workers, {c['on_disk']} on disk)"
+                              for c in r["compile"])
                 print(f"{mode:18s} sweep {r['wall_s']:7.1f} s   process "
                       f"{r['process_s']:7.1f} s{pre}", flush=True)
     finals = [f for f in (r.pop("final") for r in rows.values()) if f is not None]

@@ -13,6 +13,7 @@ cache key as the launch in the parent process, which then loads the kernel from 
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import sys
@@ -23,7 +24,13 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
+from triton.runtime.cache import get_cache_key, get_cache_manager
 from triton.runtime.jit import JITFunction
+
+try:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+except ImportError:  # pragma: no cover - another Triton layout: every probe misses
+    get_cache_invalidating_env_vars = None
 
 
 def jit_function(module: str, name: str) -> JITFunction:
@@ -55,6 +62,21 @@ def source_of(fn: JITFunction, spec: str) -> tuple[ASTSource, dict]:
 def _tuples(value: Any) -> Any:
     """JSON lists back to the tuples Triton's signatures use."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def on_disk(fn: JITFunction, spec: str, target: GPUTarget) -> bool:
+    """Whether Triton's disk cache already holds this launch's kernel (the lookup that
+    ``triton.compile`` makes first)."""
+    if get_cache_invalidating_env_vars is None:
+        return False
+    src, raw_options = source_of(fn, spec)
+    backend = make_backend(target)
+    options = backend.parse_options(dict(backend.parse_options(raw_options).__dict__,
+                                         **src.parse_options()))
+    key = get_cache_key(src, backend, options, env_vars=get_cache_invalidating_env_vars())
+    group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(
+        f"{src.name[:150]}.json")
+    return bool(group) and group.get(f"{src.name[:150]}.json") is not None
 
 
 def compile_task(task: dict) -> None:

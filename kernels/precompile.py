@@ -50,8 +50,10 @@ class CompileReport:
 
     kernels: int = 0
     """Distinct kernel variants requested."""
+    on_disk: int = 0
+    """Of those, already in Triton's disk cache (loaded, not compiled)."""
     in_workers: int = 0
-    """Of those, compiled (or found on disk) by worker processes."""
+    """Of those, compiled by worker processes."""
     worker_errors: list[str] = field(default_factory=list)
     """Why a worker could not serve a request (each then compiled here)."""
 
@@ -61,9 +63,10 @@ def compile_only(workers: int | None = None, processes: bool = True
                  ) -> Iterator[CompileReport]:
     """Inside, a Triton launch requests its kernel's compile and does not run it; on exit
     every kernel has compiled (an error in one is raised) and is in its function's
-    cache.  The compiles run on ``workers`` worker processes (``processes``) or threads.
-    Under ``TRITON_INTERPRET=1`` there is nothing to compile, and launches run as
-    usual."""
+    cache.  The compiles run on ``workers`` worker processes (``processes``), started as
+    the first requests come and fed while the block runs, or on threads.  A kernel
+    already in Triton's disk cache is only loaded.  Under ``TRITON_INTERPRET=1`` there is
+    nothing to compile, and launches run as usual."""
     report = CompileReport()
     if INTERPRETED.value:
         yield report
@@ -72,11 +75,24 @@ def compile_only(workers: int | None = None, processes: bool = True
         with _threads(workers), _launches_compile_only():
             yield report
         return
-    requests: dict[str, tuple[str, str, JITFunction]] = {}
+    from .compile_worker import on_disk
+
+    requests: dict[str, JITFunction] = {}
+    target = triton.runtime.driver.active.get_current_target()
+    pool = WorkerPool(workers or default_workers(), target)
 
     def collect(*, fn, compile, **_) -> bool:
-        requests.setdefault(compile["specialization_data"],
-                            (fn.module, fn.name, fn.jit_function))
+        spec = compile["specialization_data"]
+        if spec not in requests:
+            requests[spec] = fn.jit_function
+            try:
+                cached = on_disk(fn.jit_function, spec, target)
+            except Exception:  # a probe that fails only costs a compile
+                cached = False
+            if cached:
+                report.on_disk += 1
+            else:
+                pool.submit(spec, fn.module, fn.name)
         return True  # tells Triton not to compile it here
 
     saved = triton.knobs.runtime.jit_cache_hook
@@ -86,13 +102,10 @@ def compile_only(workers: int | None = None, processes: bool = True
             yield report
     finally:
         triton.knobs.runtime.jit_cache_hook = saved
-    report.kernels = len(requests)
-    done, report.worker_errors = compile_in_processes(
-        {spec: (module, name) for spec, (module, name, _) in requests.items()},
-        workers or default_workers())
-    report.in_workers = len(done)
+        served, report.worker_errors = pool.close()
+    report.kernels, report.in_workers = len(requests), len(served)
     with _threads(workers):  # loads from disk; compiles here what no worker did
-        for spec, (_, _, fn) in requests.items():
+        for spec, fn in requests.items():
             fn.preload(spec)
 
 
@@ -120,67 +133,95 @@ def _launches_compile_only() -> Iterator[None]:
         JITFunction.run = original
 
 
-def compile_in_processes(requests: dict[str, tuple[str, str]], workers: int,
-                         target=None) -> tuple[set[str], list[str]]:
-    """Compile kernels into Triton's disk cache on ``workers`` worker processes.
+class WorkerPool:
+    """Up to ``workers`` compile worker processes
+    (``python -m precisionlab.kernels.compile_worker``), each fed by a thread here from
+    one queue of requests; a worker starts with the request that finds the others
+    busy.  A worker that cannot start or dies leaves its requests unserved, never
+    raises."""
 
-    ``requests`` maps each launch's specialization data to its kernel's module and
-    name; ``target`` is the GPU target (the current device's by default).  Returns the
-    requests served and, for the others, why not; a worker that cannot start or dies
-    leaves its requests unserved, never raises."""
-    if not requests:
-        return set(), []
-    target = target or triton.runtime.driver.active.get_current_target()
-    tasks: queue.Queue = queue.Queue()
-    specs = list(requests)
-    for i, spec in enumerate(specs):
-        module, name = requests[spec]
-        tasks.put({"id": i, "module": module, "name": name, "spec": spec,
-                   "target": [target.backend, target.arch, target.warp_size]})
-    served: set[str] = set()
-    errors: list[str] = []
-    lock = threading.Lock()
+    def __init__(self, workers: int, target) -> None:
+        self.workers, self.target = max(1, workers), target
+        self.tasks: queue.Queue = queue.Queue()
+        self.threads: list[threading.Thread] = []
+        self.lock = threading.Lock()
+        self.specs: list[str] = []
+        self.served: set[str] = set()
+        self.errors: list[str] = []
+        self.idle = 0
 
-    def serve() -> None:
+    def submit(self, spec: str, module: str, name: str) -> None:
+        """Queue one launch's kernel (its specialization data, module and name)."""
+        self.specs.append(spec)
+        t = self.target
+        self.tasks.put({"id": len(self.specs) - 1, "module": module, "name": name,
+                        "spec": spec, "target": [t.backend, t.arch, t.warp_size]})
+        with self.lock:
+            start = self.idle == 0 and len(self.threads) < self.workers
+        if start:
+            thread = threading.Thread(target=self._serve, daemon=True,
+                                      name=f"precisionlab-compile-{len(self.threads)}")
+            self.threads.append(thread)
+            thread.start()
+
+    def close(self) -> tuple[set[str], list[str]]:
+        """Wait for every queued request; the ones served and, for the others, why not."""
+        for _ in self.threads:
+            self.tasks.put(None)
+        for thread in self.threads:
+            thread.join()
+        return self.served, self.errors
+
+    def _serve(self) -> None:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "precisionlab.kernels.compile_worker"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 text=True, env=_worker_env())
         except OSError as exc:
-            with lock:
-                errors.append(f"worker did not start: {exc}")
-            return
-        with proc:
-            while True:
-                try:
-                    task = tasks.get_nowait()
-                except queue.Empty:
-                    break
-                try:
-                    proc.stdin.write(json.dumps(task) + "\n")
-                    proc.stdin.flush()
-                    line = proc.stdout.readline()
-                except OSError:
-                    line = ""
-                reply = json.loads(line) if line.strip() else {
-                    "ok": False, "error": f"worker exited with {proc.poll()}"}
-                with lock:
-                    if reply["ok"]:
-                        served.add(specs[task["id"]])
-                    else:
-                        errors.append(f"{task['name']}: {reply['error']}")
-                if not line.strip():
-                    break
-            proc.stdin.close()
+            with self.lock:
+                self.errors.append(f"worker did not start: {exc}")
+            proc = None
+        alive = proc is not None
+        while True:
+            with self.lock:
+                self.idle += 1
+            task = self.tasks.get()
+            with self.lock:
+                self.idle -= 1
+            if task is None:
+                break
+            if not alive:  # drain: the requests are compiled in the parent instead
+                continue
+            try:
+                proc.stdin.write(json.dumps(task) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+            except OSError:
+                line = ""
+            alive = bool(line.strip())
+            reply = json.loads(line) if alive else {
+                "ok": False, "error": f"worker exited with {proc.poll()}"}
+            with self.lock:
+                if reply["ok"]:
+                    self.served.add(self.specs[task["id"]])
+                else:
+                    self.errors.append(f"{task['name']}: {reply['error']}")
+        if proc is not None:
+            with proc:
+                proc.stdin.close()
 
-    threads = [threading.Thread(target=serve, name=f"precisionlab-compile-{i}")
-               for i in range(min(workers, len(specs)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return served, errors
+
+def compile_in_processes(requests: dict[str, tuple[str, str]], workers: int,
+                         target=None) -> tuple[set[str], list[str]]:
+    """Compile kernels into Triton's disk cache on ``workers`` worker processes
+    (:class:`WorkerPool`).  ``requests`` maps each launch's specialization data to its
+    kernel's module and name; ``target`` is the GPU target (the current device's by
+    default).  Returns the requests served and, for the others, why not."""
+    pool = WorkerPool(workers, target or triton.runtime.driver.active.get_current_target())
+    for spec, (module, name) in requests.items():
+        pool.submit(spec, module, name)
+    return pool.close()
 
 
 def _worker_env() -> dict[str, str]:

@@ -80,10 +80,14 @@ def scenario(name: str) -> dict:
     fn, target = mod.add_const, _target()
     if name == "fill":
         specs = {_spec(fn, c, 16): (mod.__name__, "add_const") for c in (1.0, 2.5)}
+        before = [cw.on_disk(fn, s, target) for s in specs]
         served, errors = pc.compile_in_processes(specs, workers=2, target=target)
-        return {"errors": errors, "served_all": served == set(specs),
+        other = _spec(fn, 1.0, 32)
+        return {"errors": errors, "served_all": served == set(specs), "before": before,
+                "after": [cw.on_disk(fn, s, target) for s in specs],
+                "other_on_disk": cw.on_disk(fn, other, target),
                 "hits": [_compiled_here(fn, s) for s in specs],
-                "other_variant_hit": _compiled_here(fn, _spec(fn, 1.0, 32))}
+                "other_variant_hit": _compiled_here(fn, other)}
     if name == "unservable":
         good = _spec(fn, 1.0, 16)
         requests = {good: (mod.__name__, "add_const"),
@@ -114,6 +118,8 @@ def _run(tmp_path: Path, name: str) -> dict:
 def test_workers_fill_the_cache_that_a_launch_here_reads(tmp_path) -> None:
     r = _run(tmp_path, "fill")
     assert r["errors"] == [] and r["served_all"]
+    assert r["before"] == [False, False] and r["after"] == [True, True]
+    assert r["other_on_disk"] is False
     assert r["hits"] == [True, True]
     assert r["other_variant_hit"] is False, "a variant no worker compiled came from disk"
 

@@ -33,7 +33,8 @@ def _device() -> str:
 
 @pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
 def test_a_launch_inside_compile_only_runs_nothing_and_the_kernel_is_then_ready(
-        processes: bool, monkeypatch) -> None:
+        processes: bool, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))  # an empty disk cache
     compiled: list[str] = []
     monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
                         lambda *a, **k: compiled.append("x"))
@@ -46,7 +47,8 @@ def test_a_launch_inside_compile_only_runs_nothing_and_the_kernel_is_then_ready(
         return
     assert x.tolist() == [0.0] * 8, "a launch inside compile_only must not run"
     if processes:
-        assert (report.kernels, report.in_workers, report.worker_errors) == (1, 1, [])
+        assert (report.kernels, report.in_workers, report.on_disk, report.worker_errors) == (
+            1, 1, 0, [])
     n = len(compiled)
     _add_one[(1,)](x, 8, BLOCK=block)
     assert x.tolist() == [1.0] * 8
@@ -96,7 +98,8 @@ def _forget_compiled_kernels() -> None:
 @pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
 @pytest.mark.parametrize("model", ["nemotron-3-nano-4b", "qwen3.5-4b"])
 def test_a_precompiled_run_compiles_nothing_itself(model: str, processes: bool,
-                                                   monkeypatch) -> None:
+                                                   monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))  # an empty disk cache
     phase = ["run"]
     compiled: list[str] = []
     reports: list[pc.CompileReport] = []
@@ -127,7 +130,7 @@ def test_a_precompiled_run_compiles_nothing_itself(model: str, processes: bool,
     assert compiled.count("run") == 0, f"{compiled.count('run')} kernels compiled in the run"
     if processes:
         [report] = reports
-        assert report.worker_errors == []
+        assert report.worker_errors == [] and report.on_disk == 0
         assert report.in_workers == report.kernels == compiled.count("precompile")
 
 
@@ -174,3 +177,19 @@ def test_a_whole_model_on_the_kernels_compiles_them_first_once_per_layer_shape(
     assert walks[0] >= 8, "over every configuration (2 formats, 2 designs, 2 windows)"
     assert compiled.count("precompile") > 0
     assert compiled.count("run") == 0, f"{compiled.count('run')} kernels compiled in the run"
+
+
+@needs_gpu
+def test_kernels_already_on_disk_are_loaded_not_compiled(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    x = torch.zeros(8, device="cuda")
+    reports = []
+    for _ in range(2):
+        _forget_compiled_kernels()
+        _add_one.device_caches.clear()
+        with pc.compile_only(workers=2) as report:
+            _add_one[(1,)](x, 8, BLOCK=32)
+        reports.append((report.kernels, report.in_workers, report.on_disk))
+    assert reports == [(1, 1, 0), (1, 0, 1)]
+    _add_one[(1,)](x, 8, BLOCK=32)
+    assert x.tolist() == [1.0] * 8
