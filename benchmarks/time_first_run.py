@@ -40,6 +40,8 @@ def child(model: str, steps: int, mode: str) -> dict:
     were compiled first, how many and in how long."""
     from contextlib import contextmanager
 
+    import triton
+
     from precisionlab import engine
     from precisionlab.kernels import precompile as pc
     from precisionlab.studies.advise import advise
@@ -50,34 +52,65 @@ def child(model: str, steps: int, mode: str) -> dict:
     @contextmanager
     def timed(workers=None, processes=True):
         t = time.perf_counter()
-        with only(workers, processes and mode != "precompile-threads") as report:
-            yield report
-        compiles.append({"seconds": time.perf_counter() - t, "kernels": report.kernels,
-                         "in_workers": report.in_workers, "on_disk": report.on_disk,
-                         "worker_errors": report.worker_errors[:5]})
+        compiling.append(True)
+        try:
+            with only(workers, processes and mode != "precompile-threads") as report:
+                yield report
+        finally:
+            compiling.clear()
+        row = {"seconds": time.perf_counter() - t, "kernels": report.kernels,
+               "in_workers": report.in_workers, "on_disk": report.on_disk,
+               "slowest": sorted(report.worker_seconds, key=lambda c: -c[1])[:5],
+               "worker_errors": report.worker_errors[:5]}
+        compiles.append(row)
+        print(f"[{time.perf_counter() - t0:6.1f} s] kernels compiled: {row}", file=sys.stderr,
+              flush=True)
 
     pc.compile_only = timed
     if mode == "no-precompile":
         engine._precompile = lambda *args, **kwargs: None
     t0 = time.perf_counter()
-    ds = advise(model, max_value=0.05, steps=steps, batch=2, backend="triton", device="cuda")
+    in_run: list[str] = []  # kernels compiled by the run itself, after any precompile
+
+    def compiled(*args, **kwargs) -> None:
+        info = kwargs["fn"]
+        if info.module.startswith("precisionlab.") and not compiling:
+            in_run.append(info.name)
+            print(f"[{time.perf_counter() - t0:6.1f} s] compiled in the run: {info.name}",
+                  file=sys.stderr, flush=True)
+
+    compiling: list[bool] = []
+    triton.knobs.runtime.jit_post_compile_hook = compiled
+
+    def progress(done: int, total: int) -> None:
+        if done in (1, total) or done % max(1, total // 8) == 0:
+            print(f"[{time.perf_counter() - t0:6.1f} s] step {done} of {total}",
+                  file=sys.stderr, flush=True)
+
+    ds = advise(model, max_value=0.05, steps=steps, batch=2, backend="triton", device="cuda",
+                progress=progress)
     wall = time.perf_counter() - t0
     final = ds["rel_err"].isel(step=-1).values
-    return {"wall_s": wall, "compile": compiles, "final": [float(v) for v in final.ravel()]}
+    return {"wall_s": wall, "compile": compiles, "compiled_in_run": len(in_run),
+            "final": [float(v) for v in final.ravel()]}
 
 
-def run_child(model: str, steps: int, mode: str, cache: str, limit: float | None) -> dict:
+def run_child(model: str, steps: int, mode: str, cache: str, limit: float | None,
+              quiet: bool = True) -> dict:
     """One timed run in a fresh process; past ``limit`` seconds it is stopped and the row
-    says so (``cut_off_s``) instead of giving times."""
+    says so (``cut_off_s``) instead of giving times.  Unless ``quiet``, the run's
+    progress lines (compile done, steps) pass through to stderr as they come."""
     env = dict(os.environ, TRITON_CACHE_DIR=cache)
     cmd = [sys.executable, __file__, "--child", mode, "--model", model, "--steps", str(steps)]
     t0 = time.perf_counter()
     try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                             if quiet else None, text=True, timeout=limit)
     except subprocess.TimeoutExpired:
         return {"cut_off_s": limit, "final": None}
     if out.returncode != 0:
-        raise RuntimeError(f"{mode} run exited {out.returncode}: {out.stderr.strip()[-600:]}")
+        why = out.stderr.strip()[-600:] if quiet else "see its output above"
+        raise RuntimeError(f"{mode} run exited {out.returncode}: {why}")
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row["process_s"] = time.perf_counter() - t0
     return row
@@ -93,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=None,
                     help="seconds a run may take before it is stopped and noted as cut off")
     ap.add_argument("--out", default=None, help="JSON file for the timings")
+    ap.add_argument("--verbose", action="store_true",
+                    help="show each run's progress (compile done, steps) as it comes")
     ap.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.steps < 1:
@@ -130,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:  # warm-cache reuses the precompile run's cache
             cache = os.path.join(caches, "precompile" if mode == "warm-cache" else mode)
             try:
-                rows[mode] = r = run_child(a.model, a.steps, mode, cache, a.limit)
+                rows[mode] = r = run_child(a.model, a.steps, mode, cache, a.limit,
+                                            quiet=not a.verbose)
             except RuntimeError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1

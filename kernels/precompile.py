@@ -56,6 +56,8 @@ class CompileReport:
     """Of those, compiled by worker processes."""
     worker_errors: list[str] = field(default_factory=list)
     """Why a worker could not serve a request (each then compiled here)."""
+    worker_seconds: list[tuple[str, float]] = field(default_factory=list)
+    """(kernel name, seconds) of every compile a worker made, in the order they ended."""
 
 
 @contextmanager
@@ -103,6 +105,7 @@ def compile_only(workers: int | None = None, processes: bool = True
     finally:
         triton.knobs.runtime.jit_cache_hook = saved
         served, report.worker_errors = pool.close()
+        report.worker_seconds = pool.seconds
     report.kernels, report.in_workers = len(requests), len(served)
     with _threads(workers):  # loads from disk; compiles here what no worker did
         for spec, fn in requests.items():
@@ -148,6 +151,7 @@ class WorkerPool:
         self.specs: list[str] = []
         self.served: set[str] = set()
         self.errors: list[str] = []
+        self.seconds: list[tuple[str, float]] = []
         self.idle = 0
 
     def submit(self, spec: str, module: str, name: str) -> None:
@@ -205,6 +209,7 @@ class WorkerPool:
             with self.lock:
                 if reply["ok"]:
                     self.served.add(self.specs[task["id"]])
+                    self.seconds.append((task["name"], reply["seconds"]))
                 else:
                     self.errors.append(f"{task['name']}: {reply['error']}")
         if proc is not None:
