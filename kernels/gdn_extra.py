@@ -138,12 +138,19 @@ def tile_dots(codes, sc, s2v, k, q, K: tl.constexpr, BV: tl.constexpr, FMT: tl.c
     return Sk, Sq
 
 
+UNROLLED_RP = tl.constexpr(32)
+"""Largest padded window whose inverse's products are unrolled.  An ieee fp32 product of
+two (RP, RP) tiles is RP**3 FMAs spread over the program's threads; unrolled 2 (log2 RP
+- 1) times at RP = 64, they made the one-launch kernel's compile take minutes."""
+
+
 @triton.jit
 def inv_unit_lower(Nm, RP: tl.constexpr, LOG2RP: tl.constexpr, SUBST: tl.constexpr = False):
     """``(I + N)^-1`` for a strictly lower-triangular ``(RP, RP)`` float32 ``N`` (so
     ``N**RP = 0``): ``(I - N)(I + N^2)(I + N^4)...(I + N^(RP/2))``, 2 (log2 RP - 1)
-    small products (ieee fp32); SUBST: by forward substitution instead, row i = e_i -
-    sum_j N_ij row j (fp32 FMAs, a sixth of the products' multiplications)."""
+    small products (ieee fp32; in a loop past :data:`UNROLLED_RP`, the same products in
+    the same order); SUBST: by forward substitution instead, row i = e_i - sum_j N_ij
+    row j (fp32 FMAs, a sixth of the products' multiplications)."""
     offs = tl.arange(0, RP)
     eye = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0)
     if SUBST:
@@ -153,6 +160,12 @@ def inv_unit_lower(Nm, RP: tl.constexpr, LOG2RP: tl.constexpr, SUBST: tl.constex
             ni = tl.sum(tl.where(offs[None, :] == i, Nt, 0.0), axis=1)  # N[i, :]
             r = tl.sum(ni[:, None] * Tm, axis=0)
             Tm = tl.where(offs[:, None] == i, Tm - r[None, :], Tm)
+    elif RP > UNROLLED_RP:  # a loop: its two (RP, RP) products compiled once
+        Tm = eye - Nm
+        Np = Nm
+        for _ in tl.range(LOG2RP - 1, loop_unroll_factor=1):
+            Np = tl.dot(Np, Np, input_precision="ieee")
+            Tm = Tm + tl.dot(Tm, Np, input_precision="ieee")
     else:
         Tm = eye - Nm
         Np = Nm

@@ -816,11 +816,12 @@ def _inverse(N_ptr, T_ptr, RP: tl.constexpr, LOG2RP: tl.constexpr, SUBST: tl.con
     tl.store(T_ptr + tile, inv_unit_lower(tl.load(N_ptr + tile), RP, LOG2RP, SUBST))
 
 
-@pytest.mark.parametrize("RP", [16, 32])
+@pytest.mark.parametrize("RP", [16, 32, 64])
 def test_inverse_of_the_window_system(RP) -> None:
-    """Both inverses of the flush's ``I + N`` (repeated squaring; forward substitution,
-    the one-warp flush's) are ``(I + N)^-1`` to fp32 accuracy, for a system like the
-    window's (``|N_ij| <= 1``: betas, decays and products of unit vectors)."""
+    """Both inverses of the flush's ``I + N`` (repeated squaring, unrolled up to
+    ``UNROLLED_RP`` and a loop past it; forward substitution, the one-warp flush's) are
+    ``(I + N)^-1`` to fp32 accuracy, for a system like the window's (``|N_ij| <= 1``:
+    betas, decays and products of unit vectors)."""
     g = torch.Generator().manual_seed(5)
     N = torch.tril(torch.empty(RP, RP).uniform_(-1, 1, generator=g), diagonal=-1) * 0.5
     ref = torch.linalg.inv(torch.eye(RP, dtype=torch.float64) + N.double())
