@@ -11,5 +11,7 @@ Modules (imported on demand, so ``TRITON_INTERPRET`` can still be set first):
   conventional step, replay step, speculative verify and commit.
 * ``mamba2_backend`` / ``backend``: the engine's Triton runners.
 * ``bandwidth``: the copy and read probes behind ``precisionlab.timing.bandwidth``.
+* ``precompile`` / ``compile_worker``: a study's kernels compiled in parallel (in worker
+  processes, into Triton's disk cache) before it runs.
 * ``testing``: run the kernels in the Triton interpreter where there is no GPU.
 """

@@ -2,7 +2,8 @@
 compile stage (Triton's compile listener).  A stand-in driver reports an sm_90 target,
 so the precompile walk's launches reach Triton's compile hook without a GPU.
 
-    TRITON_CACHE_DIR=$(mktemp -d) python offline_stage_times.py MODEL L FORMAT CHECKPOINT [DESIGN]
+    TRITON_CACHE_DIR=$(mktemp -d) \
+        python offline_stage_times.py MODEL L FORMAT CHECKPOINT [DESIGN [BATCH]]
     e.g. qwen3.5-4b 64 fp8-e4m3 fp32 split
 """
 
@@ -51,6 +52,7 @@ class Walked(Exception):
 def main() -> None:
     model, window, fmt, ck = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     design = sys.argv[5] if len(sys.argv) > 5 else "split"
+    batch = int(sys.argv[6]) if len(sys.argv) > 6 else 2
     specs: dict[str, tuple[str, str]] = {}
 
     def collect(*, fn, compile, **_):
@@ -77,7 +79,7 @@ def main() -> None:
     engine._precompile = walk_then_stop
     try:
         drift(model, [fmt], designs=[design], windows=[window], checkpoint_format=ck,
-              steps=window + 2, batch=2, device="cpu", backend="triton")
+              steps=window + 2, batch=batch, device="cpu", backend="triton")
     except Walked:
         pass
     times: dict = {}
