@@ -9,8 +9,8 @@ as the run reaches them, they take most of a first run's wall time on a fresh ma
 launches nothing.  By default the requests are collected and compiled by worker
 processes (:mod:`precisionlab.kernels.compile_worker`) into Triton's disk cache, then
 loaded here; a request a worker could not serve is compiled here on a thread pool.
-Threads alone (``processes=False``; Triton's ``AsyncCompileMode``) gain less, because
-part of every compile holds the interpreter lock.  :func:`precompile` uses it to walk
+Threads alone (``processes=False``; Triton's ``AsyncCompileMode``) share this process's
+interpreter lock, which part of every compile holds.  :func:`precompile` uses it to walk
 throwaway runners over the steps a real run will take first, so the real run then finds
 each kernel compiled, in memory and in Triton's on-disk cache.  Nothing here changes
 what a kernel computes.
@@ -102,6 +102,9 @@ def compile_only(workers: int | None = None, processes: bool = True
     try:
         with _launches_compile_only():
             yield report
+    except BaseException:
+        pool.cancel()  # the error is raised once the compiles under way end
+        raise
     finally:
         triton.knobs.runtime.jit_cache_hook = saved
         served, report.worker_errors = pool.close()
@@ -167,6 +170,14 @@ class WorkerPool:
                                       name=f"precisionlab-compile-{len(self.threads)}")
             self.threads.append(thread)
             thread.start()
+
+    def cancel(self) -> None:
+        """Drop the requests no worker has taken yet."""
+        while True:
+            try:
+                self.tasks.get_nowait()
+            except queue.Empty:
+                return
 
     def close(self) -> tuple[set[str], list[str]]:
         """Wait for every queued request; the ones served and, for the others, why not."""

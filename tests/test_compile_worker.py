@@ -94,6 +94,13 @@ def scenario(name: str) -> dict:
                     _spec(fn, 3.0, 16): ("no_such_module_here", "add_const")}
         served, errors = pc.compile_in_processes(requests, workers=1, target=target)
         return {"served_good_only": served == {good}, "errors": errors}
+    if name == "cancel":
+        pool = pc.WorkerPool(1, target)
+        for c in (1.0, 2.0, 3.0):
+            pool.submit(_spec(fn, c, 64), mod.__name__, "add_const")
+        pool.cancel()
+        served, errors = pool.close()
+        return {"served": len(served), "errors": errors}
     spec = _spec(fn, 1.0, 16).replace("add_const", "other_kernel")
     try:
         cw.source_of(fn, spec)
@@ -132,3 +139,8 @@ def test_a_request_a_worker_cannot_serve_is_reported_not_raised(tmp_path) -> Non
 
 def test_specialization_data_of_another_kernel_is_refused(tmp_path) -> None:
     assert "other_kernel" in (_run(tmp_path, "refused")["refused"] or "")
+
+
+def test_cancelled_requests_are_dropped_not_compiled(tmp_path) -> None:
+    r = _run(tmp_path, "cancel")
+    assert r["errors"] == [] and r["served"] <= 1, "at most the request a worker had taken"
