@@ -79,12 +79,13 @@ def on_disk(fn: JITFunction, spec: str, target: GPUTarget) -> bool:
     return bool(group) and group.get(f"{src.name[:150]}.json") is not None
 
 
-def compile_task(task: dict) -> None:
-    """Compile one task's kernel into the disk cache (a no-op where it is there)."""
+def compile_task(task: dict):
+    """Compile one task's kernel into the disk cache (only loaded where it is there);
+    returns Triton's compiled kernel."""
     target = GPUTarget(*task["target"])
     src, raw_options = source_of(jit_function(task["module"], task["name"]), task["spec"])
     options = make_backend(target).parse_options(raw_options)
-    triton.compile(src, target=target, options=options.__dict__)
+    return triton.compile(src, target=target, options=options.__dict__)
 
 
 def main() -> int:

@@ -104,6 +104,12 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_first_run.py", ["--modes", "cold"], "invalid choice"),
     ("time_first_run.py", ["--limit", "0"], "--limit must be a positive number"),
     ("time_first_run.py", ["--modes", "warm-cache", "precompile"], "needs a precompile run"),
+    ("compile_times.py", ["--windows", "0"], "--windows must be at least 1"),
+    ("compile_times.py", ["--batch", "0"], "--batch must be at least 1"),
+    ("compile_times.py", ["--model", "no-such-model"], "unknown model"),
+    ("compile_times.py", ["--formats", "fp7"], "unknown format"),
+    ("compile_times.py", ["--designs", "both"], "invalid choice"),
+    ("compile_times.py", ["--out", "x.nc"], "a .json path in an existing folder"),
 ])
 def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: Path) -> None:
     r = run(script, *args, tmp=tmp_path)
