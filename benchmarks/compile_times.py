@@ -145,6 +145,7 @@ def compile_all(found: dict[str, dict], target) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from precisionlab.atomic import json_out_error
     from precisionlab.studies.advise import (
         DEFAULT_CHECKPOINTS,
         DEFAULT_FORMATS,
@@ -168,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.batch < 1:
         print("error: --batch must be at least 1", file=sys.stderr)
         return 2
-    if a.out is not None and (not a.out.endswith(".json") or not Path(a.out).parent.is_dir()):
-        print(f"error: --out takes a .json path in an existing folder, not {a.out!r}",
-              file=sys.stderr)
+    if why := json_out_error(a.out):
+        print(f"error: {why}", file=sys.stderr)
         return 2
     from precisionlab.formats import get as get_format
     from precisionlab.presets import get_preset

@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="show each run's progress (compile done, steps) as it comes")
     ap.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    from precisionlab.atomic import json_out_error
+
     if a.steps < 1:
         print("error: --steps must be at least 1", file=sys.stderr)
         return 2
@@ -140,9 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     if "warm-cache" in modes and "precompile" not in modes[:modes.index("warm-cache")]:
         print("error: --modes warm-cache needs a precompile run before it", file=sys.stderr)
         return 2
-    if a.out is not None and (not a.out.endswith(".json") or not Path(a.out).parent.is_dir()):
-        print(f"error: --out takes a .json path in an existing folder, not {a.out!r}",
-              file=sys.stderr)
+    if why := json_out_error(a.out):
+        print(f"error: {why}", file=sys.stderr)
         return 2
     if a.child is not None:
         print(json.dumps(child(a.model, a.steps, a.child)))

@@ -61,3 +61,11 @@ def write_json(path: str | os.PathLike, obj, **dump_kw) -> None:
     """``json.dump(obj, ..., **dump_kw)`` into ``path`` through :func:`atomic_path`."""
     with atomic_path(path) as tmp, open(tmp, "w") as fh:
         json.dump(obj, fh, **dump_kw)
+
+
+def json_out_error(path: str | None, option: str = "--out") -> str | None:
+    """Why ``path`` cannot take a JSON result file, as a usage message naming ``option``
+    (``None`` if it can, or if no path was given)."""
+    if path is None or (path.endswith(".json") and Path(path).parent.is_dir()):
+        return None
+    return f"{option} takes a .json path in an existing folder, not {path!r}"
