@@ -47,6 +47,7 @@ def child(model: str, steps: int, mode: str) -> dict:
     from precisionlab.studies.advise import advise
 
     compiles: list[dict] = []
+    compiling: list[bool] = []  # non-empty while the kernels are compiled first
     only = pc.compile_only
 
     @contextmanager
@@ -79,7 +80,6 @@ def child(model: str, steps: int, mode: str) -> dict:
             print(f"[{time.perf_counter() - t0:6.1f} s] compiled in the run: {info.name}",
                   file=sys.stderr, flush=True)
 
-    compiling: list[bool] = []
     triton.knobs.runtime.jit_post_compile_hook = compiled
 
     def progress(done: int, total: int) -> None:

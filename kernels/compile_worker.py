@@ -74,9 +74,10 @@ def on_disk(fn: JITFunction, spec: str, target: GPUTarget) -> bool:
     options = backend.parse_options(dict(backend.parse_options(raw_options).__dict__,
                                          **src.parse_options()))
     key = get_cache_key(src, backend, options, env_vars=get_cache_invalidating_env_vars())
+    metadata = f"{src.name[:150]}.json"  # the file name triton.compile looks for
     group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(
-        f"{src.name[:150]}.json")
-    return bool(group) and group.get(f"{src.name[:150]}.json") is not None
+        metadata)
+    return bool(group) and group.get(metadata) is not None
 
 
 def compile_task(task: dict):

@@ -34,6 +34,21 @@ def kernel_device() -> str:
     return "cpu"
 
 
+def ptxas_available() -> bool:
+    """Whether Triton's own ``ptxas`` is installed, so kernels can be compiled for a GPU
+    target (e.g. sm_90) on a machine without a GPU."""
+    import triton
+
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends",
+                                       "nvidia", "bin", "ptxas"))
+
+
+def compiling_env() -> dict[str, str]:
+    """This process's environment without ``TRITON_INTERPRET``: for a child process
+    that compiles kernels instead of interpreting them."""
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
 def assert_runs_same_bits(runs: list[list[torch.Tensor]]) -> None:
     """Every run's tensors (outputs, stored copies, in the same order) equal the first
     run's bit for bit (floats compared as their integer bits, so NaNs compare too)."""

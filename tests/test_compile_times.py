@@ -12,17 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import triton
+
+from precisionlab.kernels.testing import compiling_env, ptxas_available
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(
-    not Path(triton.__file__).parent.joinpath("backends", "nvidia", "bin", "ptxas").exists(),
-    reason="compiles for a GPU target with Triton's ptxas")
+pytestmark = pytest.mark.skipif(not ptxas_available(),
+                                reason="compiles for a GPU target with Triton's ptxas")
 
 
 def _compile_times(tmp_path: Path, *args: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = compiling_env()
     out = tmp_path / "compile.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_times.py"), *args,
                         "--out", str(out)], env=env, capture_output=True, text=True,

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import triton
 
-pytestmark = pytest.mark.skipif(
-    not Path(triton.__file__).parent.joinpath("backends", "nvidia", "bin", "ptxas").exists(),
-    reason="compiles for a GPU target with Triton's ptxas")
+from precisionlab.kernels.testing import compiling_env, ptxas_available
+
+pytestmark = pytest.mark.skipif(not ptxas_available(),
+                                reason="compiles for a GPU target with Triton's ptxas")
 
 KERNEL = '''
 import triton
@@ -111,7 +112,7 @@ def scenario(name: str) -> dict:
 
 def _run(tmp_path: Path, name: str) -> dict:
     (tmp_path / "pl_worker_kernel.py").write_text(textwrap.dedent(KERNEL))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = compiling_env()
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join(
         [str(tmp_path), str(Path(__file__).parent), *sys.path]))
     code = ("import json, test_compile_worker as t; "
