@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.batch < 1:
         print("error: --batch must be at least 1", file=sys.stderr)
         return 2
+    if not 75 <= a.arch < 1000:
+        print("error: --arch takes a CUDA compute capability of 75 or more, e.g. 90",
+              file=sys.stderr)
+        return 2
     if why := json_out_error(a.out):
         print(f"error: {why}", file=sys.stderr)
         return 2
@@ -198,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         found = kernel_requests(a.model, a.formats, a.designs, a.checkpoint_format, a.windows,
                                 a.batch)
         rows = compile_all(found, target)
+    except Exception as exc:  # a kernel the target's compiler refuses
+        cause = exc  # Triton's CompilationErrors chain down to the reason
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        why = f"{type(cause).__name__}: {cause}".strip().splitlines()
+        print(f"error: compiling for sm_{a.arch} failed: {why[0][:300]}", file=sys.stderr)
+        return 1
     finally:
         triton.runtime.driver.set_active(saved)
     total = sum(r["seconds"] for r in rows)

@@ -106,6 +106,7 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_first_run.py", ["--modes", "warm-cache", "precompile"], "needs a precompile run"),
     ("compile_times.py", ["--windows", "0"], "--windows must be at least 1"),
     ("compile_times.py", ["--batch", "0"], "--batch must be at least 1"),
+    ("compile_times.py", ["--arch", "9"], "--arch takes a CUDA compute capability"),
     ("compile_times.py", ["--model", "no-such-model"], "unknown model"),
     ("compile_times.py", ["--formats", "fp7"], "unknown format"),
     ("compile_times.py", ["--designs", "both"], "invalid choice"),

@@ -59,3 +59,15 @@ def test_under_the_interpreter_it_exits_2(tmp_path) -> None:
                        env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 2 and "unset TRITON_INTERPRET" in r.stderr
     assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_a_kernel_the_target_cannot_compile_gets_one_line_and_no_file(tmp_path) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_times.py"),
+                        "--model", "nemotron-3-nano-4b", "--formats", "fp8-e4m3", "--designs",
+                        "split", "--checkpoint-format", "fp32", "--windows", "4", "--arch",
+                        "80", "--out", str(tmp_path / "c.json")], env=compiling_env(),
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert "sm_80 failed: ValueError" in r.stderr
+    assert list(tmp_path.iterdir()) == []
