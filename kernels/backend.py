@@ -52,14 +52,17 @@ def precompile_designs(designs: Sequence[Design], kind, params, batch: int,
     """Compile the kernels of ``designs`` in parallel before a run
     (:func:`precisionlab.kernels.precompile.precompile`): throwaway runners walk their
     first window plus one step (at most ``steps``) on one step's ``inputs`` and ``raw``
-    inputs, launching nothing.  Designs that fall back to the emulation are skipped."""
+    inputs, launching nothing.  Designs that fall back to the emulation are skipped.
+    The longest windows are walked first: their kernels take longest to compile, so
+    their compiles start while the rest of the walk goes on."""
     from .precompile import precompile
 
     def runners():
         with warnings.catch_warnings():  # a design's fallback warns in the real run
             warnings.simplefilter("ignore")
             built = [(make_triton_runner(d, kind, params, batch, device, ring_dtype, seed,
-                                         state0), d.window + 1) for d in designs]
+                                         state0), d.window + 1)
+                     for d in sorted(designs, key=lambda d: -d.window)]
         return [(r, n if steps is None else min(n, steps)) for r, n in built
                 if not isinstance(r, TorchDesignRunner)]
 

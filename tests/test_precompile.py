@@ -74,6 +74,24 @@ def test_workers_follow_the_cores(monkeypatch) -> None:
     assert pc.default_workers() == 1
 
 
+def test_the_walk_takes_the_longest_windows_first(monkeypatch) -> None:
+    from precisionlab.designs import Design
+    from precisionlab.kernels import backend as kb
+
+    class Runner:
+        def __init__(self, design, *args) -> None:
+            self.window = design.window
+
+    walked: list[tuple[int, int]] = []
+    monkeypatch.setattr(kb, "make_triton_runner", Runner)
+    monkeypatch.setattr(pc, "precompile", lambda make, inputs, raw: walked.extend(
+        (r.window, n) for r, n in make()))
+    designs = [Design("shared", "fp8-e4m3", L, "fp8-e4m3") for L in (4, 64, 16, 32)]
+    kb.precompile_designs(designs, None, None, 2, torch.device("cpu"), torch.float32, 0,
+                          None, None, None, steps=20)
+    assert walked == [(64, 20), (32, 20), (16, 17), (4, 5)]
+
+
 def _ours(hook_kwargs: dict) -> bool:
     """Whether a compile hook's call is for one of the project's kernels (a model's own
     layers may compile Triton kernels of other libraries)."""
@@ -83,15 +101,19 @@ def _ours(hook_kwargs: dict) -> bool:
 def _forget_compiled_kernels() -> None:
     """Empty every project kernel's in-memory cache (the next launch compiles it again,
     from Triton's disk cache where it is there)."""
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction, KernelInterface
 
+    cleared: list[JITFunction] = []
     for name, module in list(sys.modules.items()):
         if not name.startswith("precisionlab.kernels") or module is None:
             continue
         for value in vars(module).values():
-            fn = getattr(value, "fn", value)  # autotuner / heuristics wrappers
-            if isinstance(fn, JITFunction):
-                fn.device_caches.clear()
+            while isinstance(value, KernelInterface) and not isinstance(value, JITFunction):
+                value = value.fn  # autotuner / heuristics wrappers
+            if isinstance(value, JITFunction):
+                value.device_caches.clear()
+                cleared.append(value)
+    assert cleared, "no kernel found to forget"
 
 
 @needs_gpu
@@ -102,10 +124,13 @@ def test_a_precompiled_run_compiles_nothing_itself(model: str, processes: bool,
     monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))  # an empty disk cache
     phase = ["run"]
     compiled: list[str] = []
+    hooks: list[tuple[str, str]] = []  # (phase, module) of every compile, for a failure
+    walks: list[int] = []
     reports: list[pc.CompileReport] = []
     walk, only = pc.precompile, pc.compile_only
 
     def watched(*args, **kwargs):
+        walks.append(1)
         phase[0] = "precompile"
         try:
             return walk(*args, **{**kwargs, "processes": processes})
@@ -120,13 +145,19 @@ def test_a_precompiled_run_compiles_nothing_itself(model: str, processes: bool,
 
     monkeypatch.setattr(pc, "precompile", watched)
     monkeypatch.setattr(pc, "compile_only", reported)
-    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
-                        lambda *a, **k: compiled.append(phase[0]) if _ours(k) else None)
+
+    def hook(*a, **k):
+        hooks.append((phase[0], k["fn"].module))
+        if _ours(k):
+            compiled.append(phase[0])
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", hook)
     _forget_compiled_kernels()
     drift(model, ["fp8-e4m3", "nvfp4"], designs=["shared", "split"], windows=[4, 8],
           checkpoint_format=["fp32", "fp16-sr"], steps=12, batch=2, device="cuda",
           backend="triton")
-    assert compiled.count("precompile") > 0
+    assert compiled.count("precompile") > 0, (
+        f"walks {len(walks)}, reports {reports}, compiles {sorted(set(hooks))} x {len(hooks)}")
     assert compiled.count("run") == 0, f"{compiled.count('run')} kernels compiled in the run"
     if processes:
         [report] = reports
