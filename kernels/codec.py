@@ -12,7 +12,16 @@ import triton
 import triton.language as tl
 
 from .state import StateStore
-from .tl_formats import FMT_NVFP4, format_id, load_state, matrix_amax, store_state_with
+from .tl_formats import (
+    FMT_BF16_SR,
+    FMT_FP16_SR,
+    FMT_NVFP4,
+    compiled_on,
+    format_id,
+    load_state,
+    matrix_amax,
+    store_state_with,
+)
 from .tl_mamba2_fast import store_fast
 
 
@@ -73,6 +82,19 @@ def encode(x: torch.Tensor, fmt: str, *, seed: int = 0, step: int = 0,
         x, *out.kernel_args(), rows, as_int32(seed), as_int32(step), FMT=fid, BLOCK_P=bp, N=cols,
         FAST=fast, HW=hw)
     return out
+
+
+def encode_state(S: torch.Tensor, fmt: str, *, seed: int = 0, step: int = 0) -> StateStore:
+    """``StateStore.encode`` of a (slots, heads, rows, cols) state, the same bits.  A
+    stochastically rounded format is encoded by :func:`encode` where kernels run compiled:
+    on CUDA the torch formats fuse that rounding with ``torch.compile``, which costs
+    seconds on first use, and a run on the kernels needs none of it.  Every other case
+    takes the torch formats."""
+    fid = format_id(fmt)
+    if (fid in (FMT_FP16_SR, FMT_BF16_SR) and compiled_on(S.device) and S.dim() == 4
+            and triton.next_power_of_2(S.shape[-1]) == S.shape[-1]):
+        return encode(S, fmt, seed=seed, step=step)
+    return StateStore.encode(S, fmt, seed=seed, step=step)
 
 
 def decode(store: StateStore, block_p: int | None = None) -> torch.Tensor:

@@ -92,10 +92,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from precisionlab import formats
-
 from .clocks import FlushStream, advance_clocks_kernel
-from .codec import as_int32
+from .codec import as_int32, encode_state
 from .gdn_config import _MMA_KINDS, default_config, replay_defaults
 from .gdn_flush import _commit_counters, _flush_kernel
 from .gdn_step import _conventional_kernel, _out_kernel, _prep_kernel, _replay_kernel
@@ -143,14 +141,16 @@ def empty_store(fmt: str, shape: tuple[int, int, int, int], device) -> StateStor
 
 
 def store_into(dst: StateStore, S: torch.Tensor, *, seed: int, step: int,
-               slots: torch.Tensor | None = None) -> None:
-    """Encode ``S`` with the torch formats into ``dst`` (all slots or ``slots``)."""
-    src = StateStore.encode(S, dst.fmt, seed=seed, step=step)
+               slots: torch.Tensor | None = None) -> StateStore:
+    """Encode ``S`` into ``dst`` (all slots or ``slots``), the bits of the torch formats
+    (``codec.encode_state``); returns the encoded ``S`` on its own."""
+    src = encode_state(S, dst.fmt, seed=seed, step=step)
     for mine, theirs in zip(dst.tensors(), src.tensors(), strict=True):
         if slots is None:
             mine.copy_(theirs.reshape(mine.shape))
         else:
             mine[slots] = theirs.reshape(mine[slots].shape)
+    return src
 
 
 class SlotCounters:
@@ -570,17 +570,16 @@ class GDNReplayCache:
 
     def reset(self, S0: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
         """Load a float state (zeros if None) into the checkpoint and the read copy of
-        that checkpoint (encoded by the torch formats, SR step 0) and clear the counters
+        that checkpoint (the torch formats' bits, SR step 0) and clear the counters
         of ``slots`` (all if None)."""
         device = self.ring_g.device
         if S0 is None:
             n = self.slots if slots is None else len(slots)
             S0 = torch.zeros((n, self.HV, self.V, self.K), device=device)
         S0 = S0.to(device=device, dtype=torch.float32)
-        store_into(self.ckpt, S0, seed=self.seed, step=0, slots=slots)
+        ck = store_into(self.ckpt, S0, seed=self.seed, step=0, slots=slots)
         if self.read is not None:
-            S_ck = formats.get(self.ckpt.fmt).quantize(S0, seed=self.seed, step=0)
-            store_into(self.read, S_ck, seed=self.seed + 1, step=0, slots=slots)
+            store_into(self.read, ck.decode(), seed=self.seed + 1, step=0, slots=slots)
         self.counters.reset(slots)
 
     def _copies(self):

@@ -17,7 +17,7 @@ import torch
 import triton
 
 from .clocks import FlushStream, advance_clocks_kernel
-from .codec import as_int32
+from .codec import as_int32, encode_state
 from .mamba2_conv import mamba2_conv_kernel
 from .mamba2_fast import (
     m2_flush_kernel,
@@ -421,12 +421,12 @@ class Mamba2Cache:
 
     def load_state(self, S: torch.Tensor, step: int = 0) -> None:
         """Store fp32 states ``S`` (slots, heads, P, N) as the checkpoint (seed) and
-        the read copy of that checkpoint (seed + 1) with the torch formats; empty the
-        rings and counters."""
-        self.ckpt.copy_(StateStore.encode(S, self.ckpt.fmt, seed=self.seed, step=step))
+        the read copy of that checkpoint (seed + 1), the bits of the torch formats
+        (``codec.encode_state``); empty the rings and counters."""
+        self.ckpt.copy_(encode_state(S, self.ckpt.fmt, seed=self.seed, step=step))
         if self.read is not None:
-            self.read.copy_(StateStore.encode(self.ckpt.decode(), self.read.fmt,
-                                              seed=self.seed + 1, step=step))
+            self.read.copy_(encode_state(self.ckpt.decode(), self.read.fmt,
+                                         seed=self.seed + 1, step=step))
         self.reset_counters()
 
     def reset_counters(self, slots: torch.Tensor | None = None) -> None:

@@ -271,3 +271,24 @@ def test_tensor_core_row_sums_are_fp32_accurate(fmt: str) -> None:
     X = store.decode().reshape(BT, N).double()
     err = (o.double() - X @ c.double()).abs() / (X.abs() @ c.double().abs())
     assert float(err.max()) < 1e-6, float(err.max())
+
+
+@pytest.mark.parametrize("fmt", ["fp16-sr", "bf16-sr", "fp8-e4m3"])
+def test_encode_state_takes_the_triton_encoder_for_rounding_where_kernels_compile(
+        fmt: str, monkeypatch) -> None:
+    """Where kernels run compiled, a stochastically rounded state is encoded by the
+    Triton codec (no torch.compile of the emulator's rounding); the bits stay the torch
+    formats'."""
+    used: list[str] = []
+    encode = codec.encode
+    monkeypatch.setattr(codec, "encode", lambda x, f, **kw: used.append(f) or encode(x, f, **kw))
+    monkeypatch.setattr(codec, "compiled_on", lambda device: True)
+    x = torch.randn(2, 3, 24, 16, device=DEVICE) * 3.0
+    got = codec.encode_state(x, fmt, seed=11, step=5)
+    assert_same_bits(got, StateStore.encode(x, fmt, seed=11, step=5))
+    assert used == ([fmt] if fmt.endswith("-sr") else [])
+    monkeypatch.setattr(codec, "compiled_on", lambda device: False)
+    used.clear()
+    assert_same_bits(codec.encode_state(x, fmt, seed=11, step=5),
+                     StateStore.encode(x, fmt, seed=11, step=5))
+    assert used == []
