@@ -63,9 +63,10 @@ def child(model: str, steps: int, mode: str) -> dict:
                "in_workers": report.in_workers, "on_disk": report.on_disk,
                "slowest": sorted(report.worker_seconds, key=lambda c: -c[1])[:5],
                "worker_errors": report.worker_errors[:5]}
-        compiles.append(row)
         print(f"[{time.perf_counter() - t0:6.1f} s] kernels compiled: {row}", file=sys.stderr,
               flush=True)
+        row["timeline"] = report.timeline
+        compiles.append(row)
 
     pc.compile_only = timed
     if mode == "no-precompile":

@@ -24,6 +24,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -58,6 +59,10 @@ class CompileReport:
     """Why a worker could not serve a request (each then compiled here)."""
     worker_seconds: list[tuple[str, float]] = field(default_factory=list)
     """(kernel name, seconds) of every compile a worker made, in the order they ended."""
+    timeline: list[tuple[str, float, float, float]] = field(default_factory=list)
+    """(kernel name, queued, sent to a worker, answered), seconds from the block's start,
+    of every request sent to a worker, in the order answered (the first request of a
+    worker waits for it to start)."""
 
 
 @contextmanager
@@ -108,7 +113,7 @@ def compile_only(workers: int | None = None, processes: bool = True
     finally:
         triton.knobs.runtime.jit_cache_hook = saved
         served, report.worker_errors = pool.close()
-        report.worker_seconds = pool.seconds
+        report.worker_seconds, report.timeline = pool.seconds, pool.timeline
     report.kernels, report.in_workers = len(requests), len(served)
     with _threads(workers):  # loads from disk; compiles here what no worker did
         for spec, fn in requests.items():
@@ -155,11 +160,15 @@ class WorkerPool:
         self.served: set[str] = set()
         self.errors: list[str] = []
         self.seconds: list[tuple[str, float]] = []
+        self.timeline: list[tuple[str, float, float, float]] = []
+        self.queued: list[float] = []
+        self.t0 = time.perf_counter()
         self.idle = 0
 
     def submit(self, spec: str, module: str, name: str) -> None:
         """Queue one launch's kernel (its specialization data, module and name)."""
         self.specs.append(spec)
+        self.queued.append(time.perf_counter() - self.t0)
         t = self.target
         self.tasks.put({"id": len(self.specs) - 1, "module": module, "name": name,
                         "spec": spec, "target": [t.backend, t.arch, t.warp_size]})
@@ -208,6 +217,7 @@ class WorkerPool:
                 break
             if not alive:  # drain: the requests are compiled in the parent instead
                 continue
+            sent = time.perf_counter() - self.t0
             try:
                 proc.stdin.write(json.dumps(task) + "\n")
                 proc.stdin.flush()
@@ -218,6 +228,8 @@ class WorkerPool:
             reply = json.loads(line) if alive else {
                 "ok": False, "error": f"worker exited with {proc.poll()}"}
             with self.lock:
+                self.timeline.append((task["name"], round(self.queued[task["id"]], 3),
+                                      round(sent, 3), round(time.perf_counter() - self.t0, 3)))
                 if reply["ok"]:
                     self.served.add(self.specs[task["id"]])
                     self.seconds.append((task["name"], reply["seconds"]))

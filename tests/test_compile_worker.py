@@ -95,6 +95,12 @@ def scenario(name: str) -> dict:
                     _spec(fn, 3.0, 16): ("no_such_module_here", "add_const")}
         served, errors = pc.compile_in_processes(requests, workers=1, target=target)
         return {"served_good_only": served == {good}, "errors": errors}
+    if name == "timeline":
+        pool = pc.WorkerPool(1, target)
+        for c in (1.0, 2.0):
+            pool.submit(_spec(fn, c, 16), mod.__name__, "add_const")
+        served, errors = pool.close()
+        return {"served": len(served), "errors": errors, "timeline": pool.timeline}
     if name == "cancel":
         pool = pc.WorkerPool(1, target)
         for c in (1.0, 2.0, 3.0):
@@ -140,6 +146,15 @@ def test_a_request_a_worker_cannot_serve_is_reported_not_raised(tmp_path) -> Non
 
 def test_specialization_data_of_another_kernel_is_refused(tmp_path) -> None:
     assert "other_kernel" in (_run(tmp_path, "refused")["refused"] or "")
+
+
+def test_the_timeline_says_when_each_request_was_queued_sent_and_answered(tmp_path) -> None:
+    r = _run(tmp_path, "timeline")
+    assert r["errors"] == [] and r["served"] == 2
+    (n1, q1, s1, a1), (n2, q2, s2, a2) = r["timeline"]
+    assert n1 == n2 == "add_const"
+    assert 0 <= q1 <= s1 < a1 and 0 <= q2 <= s2 < a2
+    assert s2 >= a1, "one worker takes its next request once it has answered"
 
 
 def test_cancelled_requests_are_dropped_not_compiled(tmp_path) -> None:

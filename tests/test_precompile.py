@@ -224,3 +224,19 @@ def test_kernels_already_on_disk_are_loaded_not_compiled(monkeypatch, tmp_path) 
     assert reports == [(1, 1, 0), (1, 0, 1)]
     _add_one[(1,)](x, 8, BLOCK=32)
     assert x.tolist() == [1.0] * 8
+
+
+@needs_gpu
+def test_a_run_on_the_kernels_compiles_nothing_with_torch_compile() -> None:
+    """A stochastically rounded checkpoint's initial state is encoded by the Triton codec
+    on CUDA, so a run on the kernels never loads torch's compiler (seconds per process)."""
+    import subprocess
+
+    code = ("import sys; from precisionlab.studies import drift; "
+            "drift('nemotron-3-nano-4b', ['nvfp4'], designs=['split'], windows=[4], "
+            "checkpoint_format='fp16-sr', steps=6, batch=2, device='cuda', backend='triton'); "
+            "print('torch._inductor.compile_fx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

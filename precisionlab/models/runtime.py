@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -101,7 +101,9 @@ def rel_l2(diff: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 class _LayerRun:
-    """One SSM layer's reference state and design runners."""
+    """One SSM layer's reference state and design runners.  The runners are built at
+    their first use, the first decode step: on the kernels, after that step has compiled
+    their kernels (building one encodes its initial state, a kernel launch)."""
 
     def __init__(self, idx: int, hm: HybridModel, designs: Sequence[Design], batch: int,
                  ring_dtype: torch.dtype, seed: int, S0: torch.Tensor, runner_factory):
@@ -115,11 +117,19 @@ class _LayerRun:
         self.raw_params = raw
         self.S_ref = S0[:batch].double().clone()
         self.state0 = S0[:batch].double().clone()
-        self.runners = [
+        self._build: Callable[[], list] | None = lambda: [
             runner_factory(d, self.kind, self.params32, batch, S0.device, ring_dtype,
                            seed + 2 * idx, S0[g * batch:(g + 1) * batch].contiguous())
             for g, d in enumerate(designs, start=1)
         ]
+        self._runners: list | None = None
+
+    @property
+    def runners(self) -> list:
+        """The designs' runners, in the order of ``designs``."""
+        if self._runners is None:
+            self._runners, self._build = self._build(), None
+        return self._runners
 
 
 class DesignDecode:
