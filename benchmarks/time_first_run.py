@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from precisionlab.atomic import write_json
+    from precisionlab.kernels.precompile import available_cpus
     from precisionlab.presets import get_preset
 
     try:
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     finals = [f for f in (r.pop("final") for r in rows.values()) if f is not None]
     result = {"model": a.model, "steps": a.steps, "batch": 2,
               "configurations": len(finals[0]) if finals else None,
-              "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(),
+              "cpu_count": os.cpu_count(), "cpus_available": available_cpus(),
+              "device": torch.cuda.get_device_name(),
               "same_results": all(f == finals[0] for f in finals), "runs": rows}
     print(f"same results: {result['same_results']}")
     if a.out:

@@ -40,9 +40,30 @@ MAX_WORKERS = 8
 ``ptxas`` process)."""
 
 
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+"""A cgroup v2 CPU quota, ``"<quota> <period>"`` or ``"max <period>"`` (containers)."""
+
+
+def available_cpus(cpu_max: str = CGROUP_CPU_MAX) -> int:
+    """CPUs this process may use: those its affinity allows, capped by the cgroup's CPU
+    quota where one is set (a container may see more cores than it may use)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        n = os.cpu_count() or 1
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
 def default_workers() -> int:
-    """Workers for :func:`compile_only`: the machine's cores, at most :data:`MAX_WORKERS`."""
-    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+    """Workers for :func:`compile_only`: the CPUs available, at most :data:`MAX_WORKERS`."""
+    return min(MAX_WORKERS, available_cpus())
 
 
 @dataclass

@@ -68,10 +68,26 @@ def test_compile_only_puts_the_launch_back_after_an_error(processes: bool) -> No
 
 
 def test_workers_follow_the_cores(monkeypatch) -> None:
-    monkeypatch.setattr(pc.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(pc, "available_cpus", lambda: 64)
     assert pc.default_workers() == pc.MAX_WORKERS
+    monkeypatch.setattr(pc, "available_cpus", lambda: 3)
+    assert pc.default_workers() == 3
+
+
+def test_available_cpus_follow_the_affinity_and_the_cgroup_quota(monkeypatch,
+                                                                 tmp_path) -> None:
+    monkeypatch.setattr(pc.os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    quota = tmp_path / "cpu.max"
+    assert pc.available_cpus(str(quota)) == 12  # no quota file
+    quota.write_text("max 100000\n")
+    assert pc.available_cpus(str(quota)) == 12
+    quota.write_text("250000 100000\n")  # 2.5 CPUs
+    assert pc.available_cpus(str(quota)) == 3
+    quota.write_text("50000 100000\n")
+    assert pc.available_cpus(str(quota)) == 1
+    monkeypatch.delattr(pc.os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(pc.os, "cpu_count", lambda: None)
-    assert pc.default_workers() == 1
+    assert pc.available_cpus(str(tmp_path / "none")) == 1
 
 
 def test_the_walk_takes_the_longest_windows_first(monkeypatch) -> None:
