@@ -43,8 +43,9 @@ pairs, evict-first tile loads and evict-last prep rows on): 168.4-168.8 against
 
 
 def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, checkpoint: str,
-                    read: str | None, read_encode: str | None = None) -> dict:
-    """Launch configuration of a replay cache by batch size and formats (keywords of
+                    read: str | None, read_encode: str | None = None,
+                    ring_rows: int = 16) -> dict:
+    """Launch configuration of a replay cache by batch size, formats and ring rows (keywords of
     :class:`GDNReplayCache`).  Small batches: one fused launch of 16-row programs (ring
     tiles loaded eagerly).  Large batches (batch * v_heads >= 1024): "staged" -- a
     persistent flush launch (whole-head units folded in 16-row chunks, 2-stage
@@ -135,7 +136,11 @@ def replay_defaults(batch: int, k_heads: int, v_heads: int, V: int, K: int, chec
         if (read or checkpoint) == "fp32":
             nw = 2 if big else 8
         elif read == "fp8-e4m3" and checkpoint == "fp32":
-            nw = 1 if big else 4
+            # past 32 ring rows (``ring_rows``: window plus drafts), 4 warps as for the
+            # other copies: one warp holds the flush's whole (64, 64) triangular system,
+            # whose code then took 18-21 s to compile for sm_90 (37,004 PTX lines against
+            # 13,915 for an fp16-sr checkpoint's 4-warp programs; qwen3.5-4b, batch 2)
+            nw = 1 if big and ring_rows <= 32 else 4
         else:
             nw = 4
         # 4-warp programs on a grid past 384: capped at 128 registers, 4 per SM (with the

@@ -381,7 +381,7 @@ class GDNReplayCache:
         if encode is None and (drafts or launch not in (None, "staged")):
             encode = "flush"  # a launch of its own only behind the staged step's flushes
         cfg = replay_defaults(batch_hint or slots, k_heads, v_heads, V, K, checkpoint, read,
-                              encode)
+                              encode, ring_rows=self.R)
         given = dict(launch=launch, block_v=block_v, num_warps=num_warps,
                      tiles_per_program=tiles_per_program, stages=stages,
                      flush_chunk=flush_chunk, out_block_v=out_block_v,

@@ -46,11 +46,12 @@ def test_a_sweeps_kernels_compile_offline_with_their_configurations(tmp_path) ->
 def test_the_gdn_kernels_code_grows_gently_with_the_window(tmp_path) -> None:
     res = _compile_times(tmp_path, "--model", "qwen3.5-4b", "--formats", "fp8-e4m3",
                          "--designs", "split", "--checkpoint-format", "fp32",
-                         "--windows", "32", "64")
+                         "--windows", "16", "64")
     lines = {row["configs"][0]: row["ptx_lines"] for row in res["kernels"]
              if row["kernel"] == "_replay_kernel"}
-    l32, l64 = lines["split(fp32->fp8-e4m3, L=32)"], lines["split(fp32->fp8-e4m3, L=64)"]
-    assert l64 < 2.5 * l32, f"L = 64: {l64} PTX lines against {l32} at L = 32"
+    l16, l64 = lines["split(fp32->fp8-e4m3, L=16)"], lines["split(fp32->fp8-e4m3, L=64)"]
+    # 1.27x now; 3.7x in one-warp programs, 10.7x with their products unrolled as well
+    assert l64 < 1.6 * l16, f"L = 64: {l64} PTX lines against {l16} at L = 16"
 
 
 def test_under_the_interpreter_it_exits_2(tmp_path) -> None:

@@ -115,6 +115,22 @@ def test_conventional_default_config_by_state_format() -> None:
     assert default_config(256, 32, 128, 128, fmt="fp16-sr") == (32, 4)
 
 
+def test_a_long_window_keeps_the_fp8_copy_of_an_fp32_checkpoint_off_one_warp() -> None:
+    """Small batches past 32 ring rows: 4-warp fused programs (one warp compiles the
+    flush's (64, 64) system into 2.7x the code); up to 32, the one-warp ones timed."""
+    from precisionlab.kernels.gdn_decode import GDNReplayCache, replay_defaults
+
+    def warps(rows: int) -> int:
+        return replay_defaults(2, 16, 32, 128, 128, "fp32", "fp8-e4m3", ring_rows=rows)[
+            "num_warps"]
+
+    assert (warps(16), warps(32), warps(64)) == (1, 1, 4)
+    for window, want in ((16, 1), (64, 4)):  # 100 x 4 one-tile programs: past 384
+        cache = GDNReplayCache(2, 2, 4, 16, 16, checkpoint="fp32", read="fp8-e4m3",
+                               window=window, batch_hint=100, device=DEVICE)
+        assert (cache.launch, cache.num_warps) == ("fused", want)
+
+
 @pytest.mark.parametrize("ring,block_v", [(torch.float32, 16), (torch.bfloat16, 16),
                                           (torch.float32, None)])
 def test_conventional_fp32_matches_layer(ring: torch.dtype, block_v: int | None) -> None:
