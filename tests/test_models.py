@@ -174,6 +174,26 @@ def test_design_rows_run_the_engine_runner(checkpoints, family):
     assert not torch.equal(outputs[-1][2:4], outputs[-1][:2])
 
 
+def test_design_runners_are_built_after_the_kernels_compile(checkpoints, monkeypatch):
+    """On the kernels, building a runner launches its initial state's encode: the runners
+    are built at the first decode step, after the walk that compiles their kernels, not
+    at prefill."""
+    from precisionlab.kernels import backend as kb
+
+    hm = load_checkpoint(checkpoints["nemotron_h"], device="cpu")
+    events: list[str] = []
+    monkeypatch.setattr(kb, "precompile_designs", lambda *a, **k: events.append("walk"))
+    designs = [make_design("split", "fp8-e4m3", 2)]
+    ids = torch.randint(0, hm.vocab_size, (1, 4), generator=torch.Generator().manual_seed(1))
+    with DesignDecode(hm, designs, batch=1, backend="triton") as dd:
+        dd.runner_factory = lambda *a: events.append("build") or TorchDesignRunner(*a)
+        token = dd.prefill(ids)[:1].argmax(-1)
+        assert events == []
+        dd.step(token)
+    assert events[0] == "walk" and events.count("walk") == 1
+    assert events.count("build") == len(hm.ssm_layers) * len(designs)
+
+
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
 def test_design_rows_run_on_the_kernels(checkpoints, family):
     """backend="triton": the designs' rows run on the fused kernels (CUDA, or the
