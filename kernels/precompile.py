@@ -42,22 +42,38 @@ MAX_WORKERS = 8
 
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
 """A cgroup v2 CPU quota, ``"<quota> <period>"`` or ``"max <period>"`` (containers)."""
+CGROUP_V1_CPU = "/sys/fs/cgroup/cpu"
+"""A cgroup v1 CPU controller: ``cpu.cfs_quota_us`` (-1: none) and ``cpu.cfs_period_us``."""
 
 
-def available_cpus(cpu_max: str = CGROUP_CPU_MAX) -> int:
+def _cgroup_quota(cpu_max: str, v1_dir: str) -> tuple[int, int] | None:
+    """(quota, period) in microseconds of the cgroup's CPU limit, or None without one."""
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else (int(quota), int(period))
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(v1_dir, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(v1_dir, "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        return (quota, period) if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def available_cpus(cpu_max: str = CGROUP_CPU_MAX, v1_dir: str = CGROUP_V1_CPU) -> int:
     """CPUs this process may use: those its affinity allows, capped by the cgroup's CPU
     quota where one is set (a container may see more cores than it may use)."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         n = os.cpu_count() or 1
-    try:
-        with open(cpu_max) as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            n = min(n, -(-int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
+    if (limit := _cgroup_quota(cpu_max, v1_dir)) is not None:
+        quota, period = limit
+        n = min(n, -(-quota // period))
     return max(1, n)
 
 

@@ -77,17 +77,28 @@ def test_workers_follow_the_cores(monkeypatch) -> None:
 def test_available_cpus_follow_the_affinity_and_the_cgroup_quota(monkeypatch,
                                                                  tmp_path) -> None:
     monkeypatch.setattr(pc.os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
-    quota = tmp_path / "cpu.max"
-    assert pc.available_cpus(str(quota)) == 12  # no quota file
+    quota, v1 = tmp_path / "cpu.max", tmp_path / "v1"
+    v1.mkdir()
+
+    def cpus() -> int:
+        return pc.available_cpus(str(quota), str(v1))
+
+    assert cpus() == 12  # no quota file
     quota.write_text("max 100000\n")
-    assert pc.available_cpus(str(quota)) == 12
+    assert cpus() == 12
     quota.write_text("250000 100000\n")  # 2.5 CPUs
-    assert pc.available_cpus(str(quota)) == 3
+    assert cpus() == 3
     quota.write_text("50000 100000\n")
-    assert pc.available_cpus(str(quota)) == 1
+    assert cpus() == 1
+    quota.unlink()  # cgroup v1
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpus() == 12
+    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
+    assert cpus() == 4
     monkeypatch.delattr(pc.os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(pc.os, "cpu_count", lambda: None)
-    assert pc.available_cpus(str(tmp_path / "none")) == 1
+    assert pc.available_cpus(str(tmp_path / "none"), str(tmp_path / "none")) == 1
 
 
 def test_the_walk_takes_the_longest_windows_first(monkeypatch) -> None:
