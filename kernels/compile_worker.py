@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.cache import get_cache_key, get_cache_manager
-from triton.runtime.jit import JITFunction
+from triton.runtime.jit import JITFunction, KernelInterface
 
 try:
     from triton._C.libtriton import get_cache_invalidating_env_vars
@@ -33,13 +33,20 @@ except ImportError:  # pragma: no cover - another Triton layout: every probe mis
     get_cache_invalidating_env_vars = None
 
 
-def jit_function(module: str, name: str) -> JITFunction:
-    """The ``JITFunction`` named ``name`` in ``module`` (through autotune / heuristics
-    wrappers)."""
-    obj: Any = getattr(importlib.import_module(module), name)
-    while not isinstance(obj, JITFunction):
+def as_jit_function(obj: Any) -> JITFunction | None:
+    """The ``JITFunction`` of a kernel, through autotune / heuristics wrappers; None for
+    anything that is not a kernel."""
+    while isinstance(obj, KernelInterface) and not isinstance(obj, JITFunction):
         obj = obj.fn
-    return obj
+    return obj if isinstance(obj, JITFunction) else None
+
+
+def jit_function(module: str, name: str) -> JITFunction:
+    """The ``JITFunction`` named ``name`` in ``module``."""
+    fn = as_jit_function(getattr(importlib.import_module(module), name))
+    if fn is None:
+        raise TypeError(f"{module}.{name} is not a Triton kernel")
+    return fn
 
 
 def source_of(fn: JITFunction, spec: str) -> tuple[ASTSource, dict]:

@@ -128,18 +128,16 @@ def _ours(hook_kwargs: dict) -> bool:
 def _forget_compiled_kernels() -> None:
     """Empty every project kernel's in-memory cache (the next launch compiles it again,
     from Triton's disk cache where it is there)."""
-    from triton.runtime.jit import JITFunction, KernelInterface
+    from precisionlab.kernels.compile_worker import as_jit_function
 
-    cleared: list[JITFunction] = []
+    cleared = []
     for name, module in list(sys.modules.items()):
         if not name.startswith("precisionlab.kernels") or module is None:
             continue
         for value in vars(module).values():
-            while isinstance(value, KernelInterface) and not isinstance(value, JITFunction):
-                value = value.fn  # autotuner / heuristics wrappers
-            if isinstance(value, JITFunction):
-                value.device_caches.clear()
-                cleared.append(value)
+            if (fn := as_jit_function(value)) is not None:
+                fn.device_caches.clear()
+                cleared.append(fn)
     assert cleared, "no kernel found to forget"
 
 
