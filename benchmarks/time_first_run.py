@@ -60,6 +60,8 @@ def child(model: str, steps: int, mode: str) -> dict:
         finally:
             compiling.clear()
         row = {"seconds": time.perf_counter() - t, "kernels": report.kernels,
+               "phases": {k: round(v, 3) for k, v in report.phases.items()},
+               "compiled_here": report.compiled_here, "worker_exits": report.worker_exits,
                "in_workers": report.in_workers, "on_disk": report.on_disk,
                "slowest": sorted(report.worker_seconds, key=lambda c: -c[1])[:5],
                "worker_errors": report.worker_errors[:5]}

@@ -112,12 +112,14 @@ def compile_only(workers: int | None = None, processes: bool = True
     already in Triton's disk cache is only loaded.  Under ``TRITON_INTERPRET=1`` there is
     nothing to compile, and launches run as usual."""
     report = CompileReport()
+    t0 = time.perf_counter()
     if INTERPRETED.value:
         yield report
         return
     if not processes:
         with _threads(workers), _launches_compile_only():
             yield report
+        report.phases["load"] = time.perf_counter() - t0
         return
     from .compile_worker import on_disk
 
@@ -149,12 +151,23 @@ def compile_only(workers: int | None = None, processes: bool = True
         raise
     finally:
         triton.knobs.runtime.jit_cache_hook = saved
+        report.phases["walk"] = time.perf_counter() - t0
         served, report.worker_errors = pool.close()
+        report.phases["workers"] = time.perf_counter() - t0
         report.worker_seconds, report.timeline = pool.seconds, pool.timeline
+        report.worker_exits = pool.exits
     report.kernels, report.in_workers = len(requests), len(served)
-    with _threads(workers):  # loads from disk; compiles here what no worker did
-        for spec, fn in requests.items():
-            fn.preload(spec)
+    misses: list[bool] = []
+    saved_listener = triton.knobs.compilation.listener
+    triton.knobs.compilation.listener = lambda **kw: misses.append(not kw["cache_hit"])
+    try:
+        with _threads(workers):  # loads from disk; compiles here what no worker did
+            for spec, fn in requests.items():
+                fn.preload(spec)
+    finally:
+        triton.knobs.compilation.listener = saved_listener
+    report.compiled_here = sum(misses)
+    report.phases["load"] = time.perf_counter() - t0
 
 
 @contextmanager
@@ -199,6 +212,7 @@ class WorkerPool:
         self.seconds: list[tuple[str, float]] = []
         self.timeline: list[tuple[str, float, float, float]] = []
         self.queued: list[float] = []
+        self.exits: list[float] = []
         self.t0 = time.perf_counter()
         self.idle = 0
 
@@ -275,6 +289,8 @@ class WorkerPool:
         if proc is not None:
             with proc:
                 proc.stdin.close()
+            with self.lock:
+                self.exits.append(round(time.perf_counter() - self.t0, 3))
 
 
 def compile_in_processes(requests: dict[str, tuple[str, str]], workers: int,

@@ -100,7 +100,8 @@ def scenario(name: str) -> dict:
         for c in (1.0, 2.0):
             pool.submit(_spec(fn, c, 16), mod.__name__, "add_const")
         served, errors = pool.close()
-        return {"served": len(served), "errors": errors, "timeline": pool.timeline}
+        return {"served": len(served), "errors": errors, "timeline": pool.timeline,
+                "exits": pool.exits}
     if name == "cancel":
         pool = pc.WorkerPool(1, target)
         for c in (1.0, 2.0, 3.0):
@@ -155,6 +156,8 @@ def test_the_timeline_says_when_each_request_was_queued_sent_and_answered(tmp_pa
     assert n1 == n2 == "add_const"
     assert 0 <= q1 <= s1 < a1 and 0 <= q2 <= s2 < a2
     assert s2 >= a1, "one worker takes its next request once it has answered"
+    [exited] = r["exits"]
+    assert exited >= a2, "the one worker exits after its last answer"
 
 
 def test_cancelled_requests_are_dropped_not_compiled(tmp_path) -> None:

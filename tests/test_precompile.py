@@ -188,6 +188,11 @@ def test_a_precompiled_run_compiles_nothing_itself(model: str, processes: bool,
         [report] = reports
         assert report.worker_errors == [] and report.on_disk == 0
         assert report.in_workers == report.kernels == compiled.count("precompile")
+        assert report.compiled_here == 0, "kernels the workers compiled were compiled again"
+        phases = report.phases
+        assert 0 < phases["walk"] <= phases["workers"] <= phases["load"]
+        assert 1 <= len(report.worker_exits) <= pc.default_workers()
+        assert max(report.worker_exits) <= phases["workers"]
 
 
 @needs_gpu
