@@ -8,13 +8,17 @@ name, Triton's serialized specialization data of one launch (what
 ``JITFunction.preload`` reads) and the GPU target ``[backend, arch, warp_size]``.  Each
 task gets one line back, ``{"id", "ok", "seconds"}`` plus ``"error"`` when it failed.
 The worker needs no GPU: it compiles for the target it is given, under the same
-cache key as the launch in the parent process, which then loads the kernel from disk.
+cache key as the launch in the parent process, which then loads the kernel from disk
+(both first make the kernel's key independent of what else the process hashed,
+:func:`settle_cache_keys`).
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import inspect
 import json
 import sys
 import time
@@ -25,7 +29,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.cache import get_cache_key, get_cache_manager
-from triton.runtime.jit import JITFunction, KernelInterface
+from triton.runtime.jit import JITCallable, JITFunction, KernelInterface
 
 try:
     from triton._C.libtriton import get_cache_invalidating_env_vars
@@ -47,6 +51,60 @@ def jit_function(module: str, name: str) -> JITFunction:
     if fn is None:
         raise TypeError(f"{module}.{name} is not a Triton kernel")
     return fn
+
+
+_SETTLED: set[int] = set()
+"""ids of the Triton functions whose cache keys :func:`settle_cache_keys` has made
+canonical in this process."""
+
+
+def settle_cache_keys(fn: JITCallable) -> None:
+    """Make the cache key of ``fn`` the same in every process: recompute the keys of
+    ``fn`` and of every Triton function it calls, callees first.
+
+    Triton folds a callee's recorded globals into its caller's key only when the
+    callee's own key was computed earlier, so a kernel's key depends on which other
+    kernels this process hashed before it.  A worker that compiles kernels in another
+    order than this process launched them would then fill the disk cache under keys
+    that this process never looks up.  Hashed callees first, every function's key
+    takes in the globals of everything it calls, whatever the order."""
+    order: list[JITCallable] = []
+    seen: set[int] = set()
+
+    def visit(f: JITCallable) -> None:
+        if id(f) in seen or id(f) in _SETTLED:
+            return
+        seen.add(id(f))
+        for callee in _callees(f):
+            visit(callee)
+        order.append(f)
+
+    visit(fn)
+    for f in order:
+        with f._hash_lock:
+            f.hash = None
+            f.cache_key  # noqa: B018 - computed now that its callees' keys are final
+        _SETTLED.add(id(f))
+
+
+def _callees(fn: JITCallable) -> list[JITCallable]:
+    """The Triton functions that ``fn``'s body names (globals, closure variables and
+    module attributes, as Triton's dependency finder resolves them)."""
+    scope = {**fn.__globals__, **inspect.getclosurevars(fn.fn).nonlocals}
+
+    def resolve(node: ast.AST) -> Any:
+        if isinstance(node, ast.Name):
+            return scope.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = resolve(node.value)
+            try:
+                return None if base is None else getattr(base, node.attr, None)
+            except Exception:  # an object whose attribute lookup itself fails
+                return None
+        return None
+
+    found = [resolve(n) for n in ast.walk(fn.parse()) if isinstance(n, (ast.Name, ast.Attribute))]
+    return [f for f in found if isinstance(f, JITCallable) and f is not fn]
 
 
 def source_of(fn: JITFunction, spec: str) -> tuple[ASTSource, dict]:
@@ -76,6 +134,7 @@ def on_disk(fn: JITFunction, spec: str, target: GPUTarget) -> bool:
     ``triton.compile`` makes first)."""
     if get_cache_invalidating_env_vars is None:
         return False
+    settle_cache_keys(fn)
     src, raw_options = source_of(fn, spec)
     backend = make_backend(target)
     options = backend.parse_options(dict(backend.parse_options(raw_options).__dict__,
@@ -91,7 +150,9 @@ def compile_task(task: dict):
     """Compile one task's kernel into the disk cache (only loaded where it is there);
     returns Triton's compiled kernel."""
     target = GPUTarget(*task["target"])
-    src, raw_options = source_of(jit_function(task["module"], task["name"]), task["spec"])
+    fn = jit_function(task["module"], task["name"])
+    settle_cache_keys(fn)
+    src, raw_options = source_of(fn, task["spec"])
     options = make_backend(target).parse_options(raw_options)
     return triton.compile(src, target=target, options=options.__dict__)
 

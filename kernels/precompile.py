@@ -100,6 +100,15 @@ class CompileReport:
     """(kernel name, queued, sent to a worker, answered), seconds from the block's start,
     of every request sent to a worker, in the order answered (the first request of a
     worker waits for it to start)."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds from the block's start at which each phase ended: ``walk`` (the block's
+    body, which queues the requests), ``workers`` (every worker answered and exited) and
+    ``load`` (every kernel loaded here)."""
+    worker_exits: list[float] = field(default_factory=list)
+    """Seconds from the block's start at which each worker process had exited."""
+    compiled_here: int = 0
+    """Kernels compiled in this process while loading, not found on disk: the requests no
+    worker served, or any whose disk cache entry this process could not use."""
 
 
 @contextmanager

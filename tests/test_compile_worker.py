@@ -30,6 +30,26 @@ def add_const(x_ptr, n, C: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     m = offs < n
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + C, mask=m)
+
+
+G = tl.constexpr(3.0)
+
+
+@triton.jit
+def scaled(x):
+    return x * G
+
+
+@triton.jit
+def scale_a(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, scaled(tl.load(x_ptr + offs)))
+
+
+@triton.jit
+def scale_b(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, scaled(tl.load(x_ptr + offs)) + 1.0)
 '''
 
 
@@ -44,6 +64,17 @@ def _spec(fn, c: float, block: int) -> str:
     options = make_backend(_target()).parse_options({"num_warps": 1})
     return serialize_specialization_data(fn._fn_name, signature, constants, attrs, options,
                                          f"key-{c}-{block}")
+
+
+def _spec_scale(fn, block: int) -> str:
+    """The specialization data of one launch of ``scale_a`` or ``scale_b``."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import serialize_specialization_data
+
+    options = make_backend(_target()).parse_options({"num_warps": 1})
+    return serialize_specialization_data(fn._fn_name, {"x_ptr": "*fp32", "BLOCK": "constexpr"},
+                                         {(1,): block}, {(0,): [["tt.divisibility", 16]]},
+                                         options, f"key-{block}")
 
 
 def _target():
@@ -89,6 +120,16 @@ def scenario(name: str) -> dict:
                 "other_on_disk": cw.on_disk(fn, other, target),
                 "hits": [_compiled_here(fn, s) for s in specs],
                 "other_variant_hit": _compiled_here(fn, other)}
+    if name == "history":
+        # This process hashes scale_a (and so the helper both kernels call) before
+        # scale_b; the worker hashes scale_b first.
+        a, b = mod.scale_a, mod.scale_b
+        spec_a, spec_b = _spec_scale(a, 16), _spec_scale(b, 16)
+        cw.on_disk(a, spec_a, target)
+        served, errors = pc.compile_in_processes({spec_b: (mod.__name__, "scale_b")},
+                                                  workers=1, target=target)
+        return {"errors": errors, "served": len(served), "b_on_disk": cw.on_disk(b, spec_b, target),
+                "b_hit": _compiled_here(b, spec_b)}
     if name == "unservable":
         good = _spec(fn, 1.0, 16)
         requests = {good: (mod.__name__, "add_const"),
@@ -139,6 +180,14 @@ def test_workers_fill_the_cache_that_a_launch_here_reads(tmp_path) -> None:
     assert r["other_variant_hit"] is False, "a variant no worker compiled came from disk"
 
 
+def test_a_kernel_a_worker_compiles_is_found_whatever_this_process_hashed_before(tmp_path
+                                                                                 ) -> None:
+    r = _run(tmp_path, "history")
+    assert r["errors"] == [] and r["served"] == 1
+    assert r["b_on_disk"], "the worker filled the cache under a key this process does not use"
+    assert r["b_hit"]
+
+
 def test_a_request_a_worker_cannot_serve_is_reported_not_raised(tmp_path) -> None:
     r = _run(tmp_path, "unservable")
     assert r["served_good_only"]
@@ -163,3 +212,30 @@ def test_the_timeline_says_when_each_request_was_queued_sent_and_answered(tmp_pa
 def test_cancelled_requests_are_dropped_not_compiled(tmp_path) -> None:
     r = _run(tmp_path, "cancel")
     assert r["errors"] == [] and r["served"] <= 1, "at most the request a worker had taken"
+
+
+KEY_OF_REPLAY = """
+import sys
+from precisionlab.kernels import codec, gdn_step, mamba2_kernel
+from precisionlab.kernels import compile_worker as cw
+first = [codec._encode_kernel, mamba2_kernel.mamba2_kernel] if sys.argv[1] == "others" else []
+for kernel in first:
+    cw.as_jit_function(kernel).cache_key  # hashed in this process's own way first
+for kernel in first:
+    cw.settle_cache_keys(cw.as_jit_function(kernel))
+replay = cw.as_jit_function(gdn_step._replay_kernel)
+cw.settle_cache_keys(replay)
+print(replay.cache_key)
+"""
+
+
+def test_the_project_kernels_hash_alike_in_every_process() -> None:
+    """The GDN replay kernel's key does not depend on which kernels a process hashed
+    before (the worker and the process that launches it hash them in different orders)."""
+    keys = []
+    for history in ("others", "none"):
+        out = subprocess.run([sys.executable, "-c", KEY_OF_REPLAY, history], env=compiling_env(),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        keys.append(out.stdout.strip().splitlines()[-1])
+    assert keys[0] == keys[1]
