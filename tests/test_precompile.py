@@ -192,7 +192,7 @@ def test_a_precompiled_run_compiles_nothing_itself(model: str, processes: bool,
         phases = report.phases
         assert 0 < phases["walk"] <= phases["workers"] <= phases["load"]
         assert 1 <= len(report.worker_exits) <= pc.default_workers()
-        assert max(report.worker_exits) <= phases["workers"]
+        assert max(report.worker_exits) <= phases["workers"] + 1e-3  # rounded to 1 ms
 
 
 @needs_gpu
