@@ -190,10 +190,16 @@ def _threads(workers: int | None) -> Iterator[ThreadPoolExecutor]:
 
 @contextmanager
 def _launches_compile_only() -> Iterator[None]:
-    """Inside, a launch of a Triton kernel only gets it compiled (``warmup``)."""
+    """Inside, a launch of a Triton kernel only gets it compiled (``warmup``), under a
+    cache key that does not depend on what this process hashed before
+    (:func:`~precisionlab.kernels.compile_worker.settle_cache_keys`), so that compiles
+    on threads, in workers and in later processes share disk cache entries."""
+    from .compile_worker import settle_cache_keys
+
     original = JITFunction.run
 
     def compile_request(fn, *args, grid, warmup, **kwargs):
+        settle_cache_keys(fn)
         return original(fn, *args, grid=grid, warmup=True, **kwargs)
 
     JITFunction.run = compile_request

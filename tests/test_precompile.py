@@ -67,6 +67,38 @@ def test_compile_only_puts_the_launch_back_after_an_error(processes: bool) -> No
     assert triton.knobs.runtime.jit_cache_hook is hook
 
 
+def _double(x):
+    return x * 2.0
+
+
+_DOUBLE = None  # the Triton function of ``_double``, set by the test that uses it
+
+
+def _doubling_kernel(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, _DOUBLE(tl.load(x_ptr + offs)))
+
+
+def test_a_launch_in_the_walk_settles_its_kernels_cache_key_first(monkeypatch) -> None:
+    """On threads or in workers, a kernel is compiled under a key that does not depend
+    on what the process hashed before (``compile_worker.settle_cache_keys``)."""
+    from triton.runtime.jit import JITFunction
+
+    from precisionlab.kernels import compile_worker as cw
+
+    helper = JITFunction(_double)  # real Triton functions, also under the interpreter
+    monkeypatch.setattr(sys.modules[__name__], "_DOUBLE", helper)
+    kernel = JITFunction(_doubling_kernel)
+    launched: list[tuple[object, bool]] = []
+    monkeypatch.setattr(JITFunction, "run", lambda fn, *a, grid, warmup, **k:
+                        launched.append((fn, warmup)))
+    with pc._launches_compile_only():
+        JITFunction.run(kernel, grid=(1,), warmup=False)
+    assert launched == [(kernel, True)], "a launch in the walk only requests a compile"
+    assert {id(kernel), id(helper)} <= cw._SETTLED
+    assert kernel.hash is not None and helper.hash is not None
+
+
 def test_workers_follow_the_cores(monkeypatch) -> None:
     monkeypatch.setattr(pc, "available_cpus", lambda: 64)
     assert pc.default_workers() == pc.MAX_WORKERS
