@@ -24,7 +24,20 @@ def write_problem(path: str | os.PathLike, *, folder_ok: bool = False) -> str | 
         return f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable"
     if path.is_dir() and not folder_ok:
         return f"cannot write {str(path)!r}: it is a folder"
+    try:  # what the write will do first; permissions alone miss read-only file systems
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=f".{path.name}."))
+    except OSError as exc:
+        return (f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable "
+                f"({exc.strerror or exc})")
     return None
+
+
+class WriteError(OSError):
+    """A result that could not be written (a full disk, a folder gone read-only); its
+    message names the file the user asked for, not the temporary one."""
+
+    def __str__(self) -> str:
+        return f"cannot write {str(self.filename)!r}: {self.strerror}"
 
 
 def _default_mode() -> int:
@@ -53,6 +66,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if path.is_dir():  # a folder being replaced: move the old one aside first
             os.replace(path, tmp_dir / (path.name + ".old"))
         os.replace(tmp, path)
+    except OSError as exc:
+        if isinstance(exc, WriteError | IsADirectoryError):
+            raise
+        raise WriteError(exc.errno, exc.strerror or str(exc), str(path)) from exc
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 

@@ -231,3 +231,57 @@ def test_capture_into_a_missing_folder_fails_before_loading_a_model(tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"error: cannot write {str(tmp_path / 'no' / 'c.safetensors')!r}: folder "
         f"{str(tmp_path / 'no')!r} does not exist"]
+
+
+def _no_temp_left(folder: Path) -> None:
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
+
+
+def test_an_output_folder_on_a_read_only_file_system_is_refused_before_the_run(
+        tmp_path, monkeypatch):
+    """Permission bits say nothing of a read-only mount (nor to root): the check tries
+    what the write will do first, and the run does not start."""
+    import errno
+    import tempfile
+
+    from precisionlab import atomic, engine
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(atomic.tempfile, "mkdtemp", read_only)
+    ran: list[int] = []
+    monkeypatch.setattr(engine, "run", lambda *a, **k: ran.append(1) or iter(()))
+    r = invoke("drift", "--model", "tiny-gdn", "--steps", "8", "--out", "r.nc")
+    one_line_error(r, "cannot write 'r.nc': folder '.' is not writable (Read-only file system)")
+    assert ran == [] and not (tmp_path / "r.nc").exists()
+    monkeypatch.setattr(atomic.tempfile, "mkdtemp", tempfile.mkdtemp)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_in_proc_is_refused_in_one_line():
+    r = invoke("drift", "--model", "tiny-gdn", "--steps", "8", "--out", "/proc/r.nc")
+    one_line_error(r, "cannot write '/proc/r.nc': folder '/proc' is not writable")
+
+
+def test_a_write_that_fails_after_the_run_is_one_line_and_leaves_no_file(tmp_path,
+                                                                        monkeypatch):
+    """A full disk at the end of a run: one line, exit 1, no partial file."""
+    import errno
+
+    import xarray as xr
+
+    def disk_full(self, path, *args, **kwargs):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", disk_full)
+    r = invoke("drift", "--model", "tiny-gdn", "--steps", "8", "--out", "r.nc")
+    assert r.exit_code == 1, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.output.splitlines()[-1] == "error: cannot write 'r.nc': No space left on device"
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "r.nc").exists()
+    _no_temp_left(tmp_path)

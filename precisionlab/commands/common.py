@@ -103,11 +103,18 @@ def _out_of_memory(exc: BaseException) -> bool:
 
 def guarded(fn: Callable[[], object]) -> object:
     """Run ``fn``; turn the project's bad-input errors, and a run too large for the
-    memory, into one line and exit 2."""
+    memory, into one line and exit 2; a file the run could not write or read (a full
+    disk, a folder gone read-only) into one line and exit 1."""
     try:
         return fn()
     except _usage_errors() as exc:
         fail(str(exc))
+    except OSError as exc:
+        from precisionlab.atomic import WriteError
+
+        where = f": {str(exc.filename)!r}" if exc.filename else ""
+        fail(str(exc) if isinstance(exc, WriteError) else f"{exc.strerror or exc}{where}",
+             code=1)
     except (MemoryError, RuntimeError, ValueError, TypeError) as exc:
         if not _out_of_memory(exc):
             raise
