@@ -53,9 +53,9 @@ def jit_function(module: str, name: str) -> JITFunction:
     return fn
 
 
-_SETTLED: set[int] = set()
-"""ids of the Triton functions whose cache keys :func:`settle_cache_keys` has made
-canonical in this process."""
+_SETTLED: dict[int, JITCallable] = {}
+"""The Triton functions whose cache keys :func:`settle_cache_keys` has made canonical in
+this process, by id (held here, so that no other function can take a settled one's id)."""
 
 
 def settle_cache_keys(fn: JITCallable) -> None:
@@ -84,7 +84,7 @@ def settle_cache_keys(fn: JITCallable) -> None:
         with f._hash_lock:
             f.hash = None
             f.cache_key  # noqa: B018 - computed now that its callees' keys are final
-        _SETTLED.add(id(f))
+        _SETTLED[id(f)] = f
 
 
 def _callees(fn: JITCallable) -> list[JITCallable]:

@@ -95,7 +95,7 @@ def test_a_launch_in_the_walk_settles_its_kernels_cache_key_first(monkeypatch) -
     with pc._launches_compile_only():
         JITFunction.run(kernel, grid=(1,), warmup=False)
     assert launched == [(kernel, True)], "a launch in the walk only requests a compile"
-    assert {id(kernel), id(helper)} <= cw._SETTLED
+    assert cw._SETTLED.get(id(kernel)) is kernel and cw._SETTLED.get(id(helper)) is helper
     assert kernel.hash is not None and helper.hash is not None
 
 
