@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{mode:18s} cut off after {a.limit:.0f} s", flush=True)
             else:
                 pre = "".join(f"   compile {c['seconds']:6.1f} s ({c['kernels']} kernels: "
-                              f"{c['in_workers']} in workers, {c['on_disk']} on disk)"
+                              f"{c['in_workers']} in workers, {c['on_disk']} on disk, "
+                              f"{c['compiled_here']} compiled here)"
                               for c in r["compile"])
                 print(f"{mode:18s} sweep {r['wall_s']:7.1f} s   process "
                       f"{r['process_s']:7.1f} s{pre}", flush=True)
