@@ -109,10 +109,12 @@ def _callees(fn: JITCallable) -> list[JITCallable]:
 
 def source_of(fn: JITFunction, spec: str) -> tuple[ASTSource, dict]:
     """The compile source and raw options of one launch from its specialization data
-    (the decoding of ``JITFunction.preload``)."""
+    (the decoding of ``JITFunction.preload``), with ``fn``'s cache key settled
+    (:func:`settle_cache_keys`)."""
     data = json.loads(spec)
     if data["name"] != fn._fn_name:
         raise ValueError(f"specialization data of {data['name']}, not of {fn._fn_name}")
+    settle_cache_keys(fn)
     constexprs = {
         tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v)
         else tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
@@ -134,7 +136,6 @@ def on_disk(fn: JITFunction, spec: str, target: GPUTarget) -> bool:
     ``triton.compile`` makes first)."""
     if get_cache_invalidating_env_vars is None:
         return False
-    settle_cache_keys(fn)
     src, raw_options = source_of(fn, spec)
     backend = make_backend(target)
     options = backend.parse_options(dict(backend.parse_options(raw_options).__dict__,
@@ -150,9 +151,7 @@ def compile_task(task: dict):
     """Compile one task's kernel into the disk cache (only loaded where it is there);
     returns Triton's compiled kernel."""
     target = GPUTarget(*task["target"])
-    fn = jit_function(task["module"], task["name"])
-    settle_cache_keys(fn)
-    src, raw_options = source_of(fn, task["spec"])
+    src, raw_options = source_of(jit_function(task["module"], task["name"]), task["spec"])
     options = make_backend(target).parse_options(raw_options)
     return triton.compile(src, target=target, options=options.__dict__)
 
