@@ -77,8 +77,9 @@ def advise(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the advice as JSON instead of the table.")] = False,
 ) -> None:
-    """The configuration that moves the fewest bytes per step within a drift budget:
-    exit 0 with a recommendation, 1 if none meets the budget, 2 on bad input."""
+    """The configuration with the fewest bytes per step within a drift budget.
+
+    Exit 0 with a recommendation, 1 if none meets the budget, 2 on bad input."""
     from precisionlab.export import check_writable, load_result, save_result
     from precisionlab.plots import check_plot_path, save_plot
     from precisionlab.studies import advise as study

@@ -50,8 +50,7 @@ def plot(
         help="Per-step variable to draw: rel_err, or at the model level kl, top1_agree, "
              "dlogp_p95, ...")] = "rel_err",
 ) -> None:
-    """Draw a result: drift curves, the window map, the error / traffic trade-off, or
-    the error per head."""
+    """Draw a result: drift curves, window map, error / traffic trade-off or heads."""
     from precisionlab.export import load_result
     from precisionlab.plots import save_plot
 
@@ -148,8 +147,9 @@ def gate(
         help="Allowed relative rise over the baseline (a drop, for --min metrics).")] = 0.1,
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report.")] = None,
 ) -> None:
-    """Check a result in CI: exit 0 if all selected configurations pass, 1 if any fails,
-    2 on bad input."""
+    """Check a result in CI: exit 0 if all pass, 1 if any fails, 2 on bad input.
+
+    All selected configurations are checked."""
     from precisionlab import gates
     from precisionlab.export import load_result
 
