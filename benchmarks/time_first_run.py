@@ -35,9 +35,10 @@ if str(ROOT) not in sys.path:
 MODES = ("no-precompile", "precompile", "precompile-threads", "warm-cache")
 
 
-def child(model: str, steps: int, mode: str) -> dict:
+def child(model: str, steps: int, mode: str, workers: int | None = None) -> dict:
     """One sweep in this process: wall seconds, the final errors and, where the kernels
-    were compiled first, how many and in how long."""
+    were compiled first, how many and in how long.  ``workers`` caps the compile workers
+    (default: ``precompile.MAX_WORKERS``)."""
     from contextlib import contextmanager
 
     import triton
@@ -46,6 +47,8 @@ def child(model: str, steps: int, mode: str) -> dict:
     from precisionlab.kernels import precompile as pc
     from precisionlab.studies.advise import advise
 
+    if workers is not None:
+        pc.MAX_WORKERS = workers
     compiles: list[dict] = []
     compiling: list[bool] = []  # non-empty while the kernels are compiled first
     only = pc.compile_only
@@ -60,6 +63,7 @@ def child(model: str, steps: int, mode: str) -> dict:
         finally:
             compiling.clear()
         row = {"seconds": time.perf_counter() - t, "kernels": report.kernels,
+               "workers": pc.default_workers(),
                "phases": {k: round(v, 3) for k, v in report.phases.items()},
                "compiled_here": report.compiled_here, "worker_exits": report.worker_exits,
                "in_workers": report.in_workers, "on_disk": report.on_disk,
@@ -99,12 +103,14 @@ def child(model: str, steps: int, mode: str) -> dict:
 
 
 def run_child(model: str, steps: int, mode: str, cache: str, limit: float | None,
-              quiet: bool = True) -> dict:
+              quiet: bool = True, workers: int | None = None) -> dict:
     """One timed run in a fresh process; past ``limit`` seconds it is stopped and the row
     says so (``cut_off_s``) instead of giving times.  Unless ``quiet``, the run's
     progress lines (compile done, steps) pass through to stderr as they come."""
     env = dict(os.environ, TRITON_CACHE_DIR=cache)
     cmd = [sys.executable, __file__, "--child", mode, "--model", model, "--steps", str(steps)]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
     t0 = time.perf_counter()
     try:
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -131,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="JSON file for the timings")
     ap.add_argument("--verbose", action="store_true",
                     help="show each run's progress (compile done, steps) as it comes")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="compile workers at most (default: the library's cap, "
+                         "precompile.MAX_WORKERS, or the CPUs available if fewer)")
     ap.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     from precisionlab.atomic import json_out_error
@@ -141,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.limit is not None and not a.limit > 0:
         print("error: --limit must be a positive number of seconds", file=sys.stderr)
         return 2
+    if a.workers is not None and a.workers < 1:
+        print("error: --workers must be at least 1", file=sys.stderr)
+        return 2
     modes = list(dict.fromkeys(a.modes))
     if "warm-cache" in modes and "precompile" not in modes[:modes.index("warm-cache")]:
         print("error: --modes warm-cache needs a precompile run before it", file=sys.stderr)
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     if a.child is not None:
-        print(json.dumps(child(a.model, a.steps, a.child)))
+        print(json.dumps(child(a.model, a.steps, a.child, a.workers)))
         return 0
     import torch
 
@@ -171,14 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             cache = os.path.join(caches, "precompile" if mode == "warm-cache" else mode)
             try:
                 rows[mode] = r = run_child(a.model, a.steps, mode, cache, a.limit,
-                                            quiet=not a.verbose)
+                                            quiet=not a.verbose, workers=a.workers)
             except RuntimeError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             if "cut_off_s" in r:
                 print(f"{mode:18s} cut off after {a.limit:.0f} s", flush=True)
             else:
-                pre = "".join(f"   compile {c['seconds']:6.1f} s ({c['kernels']} kernels: "
+                pre = "".join(f"   compile {c['seconds']:6.1f} s ({c['kernels']} kernels, "
+                              f"{c['workers']} workers: "
                               f"{c['in_workers']} in workers, {c['on_disk']} on disk, "
                               f"{c['compiled_here']} compiled here)"
                               for c in r["compile"])

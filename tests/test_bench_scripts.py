@@ -103,6 +103,7 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("time_first_run.py", ["--out", "x.nc"], "a .json path in an existing folder"),
     ("time_first_run.py", ["--modes", "cold"], "invalid choice"),
     ("time_first_run.py", ["--limit", "0"], "--limit must be a positive number"),
+    ("time_first_run.py", ["--workers", "0"], "--workers must be at least 1"),
     ("time_first_run.py", ["--modes", "warm-cache", "precompile"], "needs a precompile run"),
     ("compile_times.py", ["--windows", "0"], "--windows must be at least 1"),
     ("compile_times.py", ["--batch", "0"], "--batch must be at least 1"),
