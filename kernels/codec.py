@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .state import StateStore
 from .tl_formats import (
     FMT_BF16_SR,
@@ -106,3 +107,6 @@ def decode(store: StateStore, block_p: int | None = None) -> torch.Tensor:
     _decode_kernel[(triton.cdiv(rows, bp), s * h)](*store.kernel_args(), y, rows,
                                                     FMT=fid, BLOCK_P=bp, N=cols)
     return y
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

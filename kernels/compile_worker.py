@@ -87,6 +87,19 @@ def settle_cache_keys(fn: JITCallable) -> None:
         _SETTLED[id(f)] = f
 
 
+def settle_module_keys(module: str) -> None:
+    """:func:`settle_cache_keys` for every Triton kernel that ``module`` defines.
+
+    Each module of launched kernels calls this as its last line, so every process that
+    launches a kernel (a study, a benchmark, a worker) looks it up in Triton's disk
+    cache under the same key, whichever kernels it happened to hash first.  Under
+    ``TRITON_INTERPRET=1`` there are no keys to settle."""
+    for value in list(vars(sys.modules[module]).values()):
+        fn = as_jit_function(value)
+        if fn is not None and fn.__module__ == module:
+            settle_cache_keys(fn)
+
+
 def _callees(fn: JITCallable) -> list[JITCallable]:
     """The Triton functions that ``fn``'s body names (globals, closure variables and
     module attributes, as Triton's dependency finder resolves them)."""

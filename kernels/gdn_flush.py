@@ -10,6 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .gdn_device import _gates, _prep_qk, _ring_kg, _ring_rows
 from .gdn_extra import inv_unit_lower, load_tile
 from .tl_common import (
@@ -501,3 +502,6 @@ def _commit_counters(accepted, state_idx, ring_len, steps, B, L: tl.constexpr,
     m = tl.load(ring_len + s, mask=ok, other=0) + acc
     tl.store(ring_len + s, tl.where(m >= L, 0, m), mask=ok)
     tl.store(steps + s, tl.load(steps + s, mask=ok, other=0) + acc, mask=ok)
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

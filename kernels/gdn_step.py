@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .gdn_device import (
     _delta,
     _gate_inputs,
@@ -470,3 +471,6 @@ def _out_kernel(
             tl.store(out + (bidx * HV + h) * V + offs_v, o, mask=mrow)
             ring_store(ring_d + (pos * HV + h) * V + offs_v, ring_round(d, RING), mrow, RING)
             ring_store(ring_v + (pos * HV + h) * V + offs_v, v, mrow, RING)
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .gdn_device import (
     _gates,
     _prep_qk,
@@ -288,3 +289,6 @@ def _vout_mm_kernel(
         dr = _write_draft(out, ring_d, ring_v, row, rbase + n + j, h, offs_v, mrow, o, d, v,
                           HV, V, RING)
         Dd = tl.where(offs_t[:, None] == j, dr[None, :], Dd)
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

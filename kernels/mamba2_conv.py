@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .tl_common import dt_of, finish_slot, gate
 from .tl_formats import load_state, store_state
 
@@ -66,3 +67,6 @@ def mamba2_conv_kernel(
     tl.store(out_b + offs_p, gate(y, x_t, z_t, D_h, HAS_Z), mask=mask_p)
     if COUNT_STEPS:  # the slot's last program advances its step counter
         finish_slot(tickets, steps, steps, slot, H * npb, t + 1, t + 1)
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

@@ -69,6 +69,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .mamba2_kernel import head_consts, tile_inputs
 from .tl_common import (
     K_RING_FP32,
@@ -946,3 +947,6 @@ def m2_out_heads_kernel(
             _prefetch_out(rd_c, rd_s1, ring_x, slot_t.to(tl.int64) * H + h_t, h_t,
                           slot_t.to(tl.int64), c_t, P, H * P, LR, tl.arange(0, RB), RD_FMT, N,
                           HPP, RING)
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

@@ -43,6 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .tl_common import (
     decay_weights,
     dt_of,
@@ -510,3 +511,6 @@ def mamba2_kernel(
             if q % NPB == 0:
                 tl.store(rdt_b + offs_r * H + h, idt, mask=vd)
             cc, cs1, cs2 = cc2, cs12, cs22
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .mamba2_kernel import MODE_VERIFY
 from .mamba2_step import HeadParams, Mamba2Cache, launch_replay, slot_indices
 from .mamba2_verify import launch_staged_verify
@@ -114,3 +115,6 @@ def mamba2_commit(
     block = 128
     _commit_kernel[(triton.cdiv(batch, block),)](cache.ring_len, cache.steps, idx, accepted,
                                                  batch, drafts, cache.window, BLOCK=block)
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .mamba2_kernel import fold_committed
 from .mamba2_step import device_buffer
 from .tl_common import (
@@ -407,3 +408,6 @@ def launch_staged_verify(cache, x, dt, B, C, params, *, z, out, state_indices, d
             C_EXACT=C.dtype in (torch.bfloat16, torch.float16), **kw)
     else:
         m2_verify_out_kernel[(H, batch)](*args, **kw)
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_worker import settle_module_keys
 from .state import DENSE_FORMATS, StateStore
 from .tl_common import at_flushing_row, batch_slots, flushing_rows
 from .tl_formats import (
@@ -229,3 +230,6 @@ def encode_read_copies(ckpt: StateStore, read: StateStore, tickets, state_indice
         ckpt.fmt_id, read.fmt_id, bool(ENCODE_AMAX_BITS) and whole_words,
         whole_words and codes.element_size() == 2, num_warps=warps,
         maxnreg=ENCODE_MAXNREG or None)
+
+
+settle_module_keys(__name__)  # every process looks its kernels up under one key

@@ -239,3 +239,27 @@ def test_the_project_kernels_hash_alike_in_every_process() -> None:
         assert out.returncode == 0, out.stderr[-2000:]
         keys.append(out.stdout.strip().splitlines()[-1])
     assert keys[0] == keys[1]
+
+
+KEY_OF_REPLAY_UNSETTLED = """
+import sys
+from precisionlab.kernels import codec, gdn_step, mamba2_kernel
+from precisionlab.kernels import compile_worker as cw
+first = [codec._encode_kernel, mamba2_kernel.mamba2_kernel] if sys.argv[1] == "others" else []
+for kernel in first:
+    cw.as_jit_function(kernel).cache_key  # as a launch of these would, before the replay's
+print(cw.as_jit_function(gdn_step._replay_kernel).cache_key)
+"""
+
+
+def test_a_launch_finds_the_same_key_whatever_was_launched_before() -> None:
+    """Without any call to settle it, the GDN replay kernel's key is the same in a
+    process that hashed other kernels first (a benchmark after a study, say): the
+    kernel modules settle their keys as they are imported."""
+    keys = []
+    for history in ("others", "none"):
+        out = subprocess.run([sys.executable, "-c", KEY_OF_REPLAY_UNSETTLED, history],
+                             env=compiling_env(), capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        keys.append(out.stdout.strip().splitlines()[-1])
+    assert keys[0] == keys[1]
