@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -15,8 +16,19 @@ from .atomic import atomic_path, write_problem
 
 SUFFIXES = (".nc", ".zarr", ".csv")
 CSV_HEADER = "# precisionlab-result "
-# pandas before 3 parses floats to within an ulp unless asked for exact round trips
-EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+INEXACT_PROBE = "0.051182162470025674"
+"""A float that pandas' default CSV parser before 3.1 reads one ulp off."""
+
+
+def _exact_float_args() -> dict:
+    """``read_csv`` arguments under which every float reads back exactly: none where
+    the default parser is exact (pandas 3.1 on), else round-trip parsing (the default
+    of pandas 2.x and 3.0 lands some floats an ulp off)."""
+    default = pd.read_csv(io.StringIO(f"v\n{INEXACT_PROBE}"))["v"].iloc[0]
+    return {} if default == float(INEXACT_PROBE) else {"float_precision": "round_trip"}
+
+
+EXACT_FLOATS = _exact_float_args()
 STEP_DIMS = ("design", "format", "window", "step")
 
 

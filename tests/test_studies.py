@@ -257,10 +257,13 @@ def test_final_interval_uses_students_t_for_the_batch(ds):
 
 
 def test_csv_results_read_back_bit_for_bit(ds, tmp_path):
-    """Every float of a CSV result reads back exactly (pandas before 3 parsed some to
-    within an ulp)."""
+    """Every float of a CSV result reads back exactly (the default parser of pandas
+    before 3.1 reads some an ulp off)."""
     noisy = ds.assign(rel_err=ds["rel_err"] * (1 + 1e-3 * np.random.default_rng(0).random(
         ds["rel_err"].shape)))
+    # floats that the default parser of pandas 2.x and 3.0 reads one ulp off
+    hard = [0.051182162470025674, 9.504636963259353e-05, 0.0009486494471372439]
+    noisy["rel_err"].values.reshape(-1)[:3] = hard
     back = load_result(save_result(noisy, tmp_path / "r.csv"))
     for name, var in noisy.data_vars.items():
         assert np.array_equal(back[name].values, var.values, equal_nan=True), name
