@@ -38,7 +38,7 @@ MODES = ("no-precompile", "precompile", "precompile-threads", "warm-cache")
 def child(model: str, steps: int, mode: str, workers: int | None = None) -> dict:
     """One sweep in this process: wall seconds, the final errors and, where the kernels
     were compiled first, how many and in how long.  ``workers`` caps the compile workers
-    (default: ``precompile.MAX_WORKERS``)."""
+    (default: ``precompile.workers_cap()``)."""
     from contextlib import contextmanager
 
     import triton
@@ -48,7 +48,7 @@ def child(model: str, steps: int, mode: str, workers: int | None = None) -> dict
     from precisionlab.studies.advise import advise
 
     if workers is not None:
-        pc.MAX_WORKERS = workers
+        os.environ[pc.WORKERS_ENV] = str(workers)
     compiles: list[dict] = []
     compiling: list[bool] = []  # non-empty while the kernels are compiled first
     only = pc.compile_only
@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true",
                     help="show each run's progress (compile done, steps) as it comes")
     ap.add_argument("--workers", type=int, default=None,
-                    help="compile workers at most (default: the library's cap, "
-                         "precompile.MAX_WORKERS, or the CPUs available if fewer)")
+                    help="compile workers at most (default: the library's cap, 16 or "
+                         "PRECISIONLAB_COMPILE_WORKERS, or the CPUs available if fewer)")
     ap.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     from precisionlab.atomic import json_out_error

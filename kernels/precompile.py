@@ -79,9 +79,30 @@ def available_cpus(cpu_max: str = CGROUP_CPU_MAX, v1_dir: str = CGROUP_V1_CPU) -
     return max(1, n)
 
 
+WORKERS_ENV = "PRECISIONLAB_COMPILE_WORKERS"
+"""An environment variable that caps the compile workers (a positive integer), for a
+shared machine or several studies at once."""
+
+
+def workers_cap() -> int:
+    """:data:`MAX_WORKERS`, or the cap :data:`WORKERS_ENV` sets (ValueError naming the
+    variable if it is not a positive integer)."""
+    value = os.environ.get(WORKERS_ENV, "").strip()
+    if not value:
+        return MAX_WORKERS
+    try:
+        cap = int(value)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(f"{WORKERS_ENV} must be a positive integer, got {value!r}")
+    return cap
+
+
 def default_workers() -> int:
-    """Workers for :func:`compile_only`: the CPUs available, at most :data:`MAX_WORKERS`."""
-    return min(MAX_WORKERS, available_cpus())
+    """Workers for :func:`compile_only`: the CPUs available, at most
+    :func:`workers_cap`."""
+    return min(workers_cap(), available_cpus())
 
 
 @dataclass

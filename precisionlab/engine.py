@@ -61,9 +61,16 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         raise EngineError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" and _triton_backend_available() else "torch"
+        backend = "triton" if device.type == "cuda" and _triton_backend_available() else "torch"
     if backend == "triton" and device.type != "cuda":
         raise EngineError("backend 'triton' needs a CUDA device (use --backend torch on CPU)")
+    if backend == "triton":
+        from .kernels.precompile import workers_cap
+
+        try:
+            workers_cap()  # a bad PRECISIONLAB_COMPILE_WORKERS is refused before the run
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
     return backend
 
 

@@ -20,6 +20,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT] + [str(ROOT)]
 
+# Parallel test processes share the machine's cores: each study's kernel compiles get a
+# share of them instead of one worker process per core each.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("PRECISIONLAB_COMPILE_WORKERS", str(max(
+        2, (os.cpu_count() or 2) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
     from precisionlab.kernels.testing import (

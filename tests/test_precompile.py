@@ -100,10 +100,37 @@ def test_a_launch_in_the_walk_settles_its_kernels_cache_key_first(monkeypatch) -
 
 
 def test_workers_follow_the_cores(monkeypatch) -> None:
+    monkeypatch.delenv(pc.WORKERS_ENV, raising=False)
     monkeypatch.setattr(pc, "available_cpus", lambda: 64)
     assert pc.default_workers() == pc.MAX_WORKERS
     monkeypatch.setattr(pc, "available_cpus", lambda: 3)
     assert pc.default_workers() == 3
+
+
+def test_the_environment_caps_the_workers(monkeypatch) -> None:
+    monkeypatch.setattr(pc, "available_cpus", lambda: 64)
+    monkeypatch.setenv(pc.WORKERS_ENV, "3")
+    assert pc.default_workers() == 3
+    monkeypatch.setenv(pc.WORKERS_ENV, "40")
+    assert pc.default_workers() == 40, "the variable replaces the library's cap"
+    monkeypatch.setattr(pc, "available_cpus", lambda: 6)
+    assert pc.default_workers() == 6, "never more than the CPUs available"
+    for bad in ("0", "-2", "many", "1.5"):
+        monkeypatch.setenv(pc.WORKERS_ENV, bad)
+        with pytest.raises(ValueError, match=f"{pc.WORKERS_ENV} must be a positive integer"):
+            pc.default_workers()
+
+
+def test_a_bad_worker_cap_is_refused_when_the_backend_is_chosen(monkeypatch) -> None:
+    """The CLI's guard turns the EngineError into one line and exit 2, before any run."""
+    from precisionlab.engine import EngineError, resolve_backend
+
+    monkeypatch.setenv(pc.WORKERS_ENV, "none")
+    with pytest.raises(EngineError, match="PRECISIONLAB_COMPILE_WORKERS must be a positive"):
+        resolve_backend("triton", torch.device("cuda"))
+    assert resolve_backend("torch", torch.device("cpu")) == "torch", "emulation never asks"
+    monkeypatch.setenv(pc.WORKERS_ENV, "4")
+    assert resolve_backend("triton", torch.device("cuda")) == "triton"
 
 
 def test_available_cpus_follow_the_affinity_and_the_cgroup_quota(monkeypatch,
