@@ -3,6 +3,7 @@ interrupted write never leaves a partial result behind."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -26,9 +27,9 @@ def write_problem(path: str | os.PathLike, *, folder_ok: bool = False) -> str | 
         return f"cannot write {str(path)!r}: it is a folder"
     try:  # what the write will do first; permissions alone miss read-only file systems
         os.rmdir(tempfile.mkdtemp(dir=parent, prefix=f".{path.name}."))
-    except OSError as exc:
-        return (f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable "
-                f"({exc.strerror or exc})")
+    except OSError as exc:  # (a pseudo file system such as /proc answers "no such file")
+        why = "" if exc.errno == errno.ENOENT else f" ({exc.strerror or exc})"
+        return f"cannot write {str(path)!r}: folder {str(parent)!r} is not writable{why}"
     return None
 
 

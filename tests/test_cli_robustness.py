@@ -263,6 +263,7 @@ def test_an_output_folder_on_a_read_only_file_system_is_refused_before_the_run(
 def test_an_output_in_proc_is_refused_in_one_line():
     r = invoke("drift", "--model", "tiny-gdn", "--steps", "8", "--out", "/proc/r.nc")
     one_line_error(r, "cannot write '/proc/r.nc': folder '/proc' is not writable")
+    assert "No such file" not in r.output, "the probe's errno says nothing to the user"
 
 
 def test_a_write_that_fails_after_the_run_is_one_line_and_leaves_no_file(tmp_path,
