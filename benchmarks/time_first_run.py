@@ -35,10 +35,9 @@ if str(ROOT) not in sys.path:
 MODES = ("no-precompile", "precompile", "precompile-threads", "warm-cache")
 
 
-def child(model: str, steps: int, mode: str, workers: int | None = None) -> dict:
+def child(model: str, steps: int, mode: str) -> dict:
     """One sweep in this process: wall seconds, the final errors and, where the kernels
-    were compiled first, how many and in how long.  ``workers`` caps the compile workers
-    (default: ``precompile.workers_cap()``)."""
+    were compiled first, how many and in how long."""
     from contextlib import contextmanager
 
     import triton
@@ -47,8 +46,6 @@ def child(model: str, steps: int, mode: str, workers: int | None = None) -> dict
     from precisionlab.kernels import precompile as pc
     from precisionlab.studies.advise import advise
 
-    if workers is not None:
-        os.environ[pc.WORKERS_ENV] = str(workers)
     compiles: list[dict] = []
     compiling: list[bool] = []  # non-empty while the kernels are compiled first
     only = pc.compile_only
@@ -106,11 +103,12 @@ def run_child(model: str, steps: int, mode: str, cache: str, limit: float | None
               quiet: bool = True, workers: int | None = None) -> dict:
     """One timed run in a fresh process; past ``limit`` seconds it is stopped and the row
     says so (``cut_off_s``) instead of giving times.  Unless ``quiet``, the run's
-    progress lines (compile done, steps) pass through to stderr as they come."""
+    progress lines (compile done, steps) pass through to stderr as they come.
+    ``workers`` caps the run's compile workers (``PRECISIONLAB_COMPILE_WORKERS``)."""
     env = dict(os.environ, TRITON_CACHE_DIR=cache)
-    cmd = [sys.executable, __file__, "--child", mode, "--model", model, "--steps", str(steps)]
     if workers is not None:
-        cmd += ["--workers", str(workers)]
+        env["PRECISIONLAB_COMPILE_WORKERS"] = str(workers)
+    cmd = [sys.executable, __file__, "--child", mode, "--model", model, "--steps", str(steps)]
     t0 = time.perf_counter()
     try:
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -161,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     if a.child is not None:
-        print(json.dumps(child(a.model, a.steps, a.child, a.workers)))
+        print(json.dumps(child(a.model, a.steps, a.child)))
         return 0
     import torch
 
