@@ -127,6 +127,7 @@ def test_bad_arguments_exit_2(script: str, args: list[str], msg: str, tmp_path: 
     ("time_split_configs.py", ["--model", "qwen3.5-4b", "--design", "split-fp16sr-nvfp4",
                                "--config", "num_warps=2 maxnreg=128 flush_grid=dynamic"]),
     ("probe_nvfp4_encode.py", []),
+    ("probe_nvfp4_mma.py", []),
     ("time_encode_launch.py", ["--model", "nemotron-3-nano-4b", "--setting", "rows=32"]),
     ("time_first_run.py", ["--steps", "8"]),
 ])
@@ -149,6 +150,17 @@ def test_probe_nvfp4_encode_bits_equal_formats(tmp_path: Path) -> None:
                        timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "bits equal formats.nvfp4: True" in r.stdout
+
+
+def test_probe_nvfp4_mma_compiles_without_a_layout_conversion(tmp_path: Path) -> None:
+    """``probe_nvfp4_mma.py --sass``: the tensor-core probe compiles offline for sm_90
+    with its operand built in registers (no shared memory, HMMA in the code), and its
+    operand rows name every state column once."""
+    r = run("probe_nvfp4_mma.py", "--sass", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    mma = next(line for line in r.stdout.splitlines() if line.startswith("mma "))
+    assert "SHARED:0 " in mma and "'HMMA'" in mma
+    assert "operand rows name every column once: True" in r.stdout
 
 
 def test_split_fields_parse_ints_and_flags() -> None:

@@ -1,0 +1,377 @@
+"""Probe: the matrix-vector core of a 4-bit output step, ``y = s2 * (S @ c)`` for nvfp4
+state matrices ``S`` (E2M1 codes, E4M3 block scales per 16 elements, an fp32 scale per
+matrix) and one fp32 vector ``c`` per (sequence, group), two ways:
+
+* ``fma``: CUDA cores, as the output launches of ``kernels/`` do it: each word of eight
+  codes turned into fp16 pairs by shifts and masks, widened to float32, one FMA per
+  element with ``c``, a row sum (Triton);
+* ``mma``: tensor cores without a layout conversion (Gluon, ``mma.sync`` m16n8k16):
+  each thread loads the 16 bytes of a row that its mma operand fragment holds, decodes
+  them in place into the fp16 values the fragment needs (exact: E2M1 value times its
+  block scale, times 2**-14), and the product takes ``c`` as an fp16 head and remainder
+  (two columns of the 16 x 8 operand), its rows in the order the fragments hold the codes.
+
+Both run over every matrix of a model's state at a batch, a program per (sequence,
+group), its heads' rows 64 at a time; the probe checks both against a float64 product
+of the decoded state, then times them as CUDA-graph replays.  It measures whether the
+tensor-core form removes the issue bound of the 4-bit output step; the state's ring
+terms, gates and stores of a real output step are not in it.
+
+    python benchmarks/probe_nvfp4_mma.py --out probe.json           # H200: check + time
+    python benchmarks/probe_nvfp4_mma.py --sass                     # no GPU: sm_90 counts
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
+
+SHAPES = {  # model: (heads, headdim, dstate, groups)
+    "nemotron-3-nano-4b": (96, 80, 128, 8),
+    "nemotron-3-super-120b": (128, 64, 128, 8),
+}
+SPLIT = 1024.0  # c is split as fp16 hi + lo of c * SPLIT
+WARPS = 4
+KINDS = ("fma", "mma", "mma-prefetch")
+ROWS = 16 * WARPS  # rows per loop iteration of a program
+
+
+def column_of(kd):
+    """The state column whose code the mma kernel puts at operand row ``kd`` (0..127).
+
+    ``kd``'s bits: 0 the fp16 half of a pair register (nibble m or m + 4 of a word), 1-2
+    the lane's word quarter ``c``, 3 and 4 the pair index ``m = i + 2j``, 5-6 the word
+    within the thread's four; see ``_mma_kernel``'s joins, reshape and permute."""
+    half = kd & 1
+    c = (kd >> 1) & 3
+    i = (kd >> 3) & 1
+    j = (kd >> 4) & 1
+    wslot = (kd >> 5) & 3
+    word = c * 4 + wslot
+    return word * 8 + (i + 2 * j) + 4 * half
+
+
+@gluon.jit
+def _e2m1_pairs(w):
+    """The int32 fp16-bit pairs (nibbles 0|4, 2|6, 1|5, 3|7 as low|high halves) of the
+    E2M1 codes of int32 words: ``sign << 15 | magnitude << 9`` per half, the fp16 of the
+    value times 2**-14 (code 1, 0.5, is the subnormal 2**-15)."""
+    MAG: gl.constexpr = 0x0E000E00
+    SGN: gl.constexpr = -2147450880  # 0x80008000
+    e04 = ((w << 9) & MAG) | ((w << 12) & SGN)
+    e15 = ((w << 5) & MAG) | ((w << 8) & SGN)
+    e26 = ((w << 1) & MAG) | ((w << 4) & SGN)
+    e37 = ((w >> 3) & MAG) | (w & SGN)
+    return e04, e15, e26, e37
+
+
+@gluon.jit
+def _scaled_half(p, s16, HIGH: gl.constexpr):
+    """One fp16 half of int32 pairs ``p``, times its block scale ``s16``."""
+    if HIGH:
+        h = (p >> 16).to(gl.int16)
+    else:
+        h = (p & 0xFFFF).to(gl.int16)
+    return h.to(gl.float16, bitcast=True) * s16
+
+
+@gluon.jit
+def _halves_joined(e04, e15, e26, e37, s16, HIGH: gl.constexpr):
+    """(rows, words, j, i): the low (or high) halves of the four pairs, nibble i + 2j."""
+    return gl.join(gl.join(_scaled_half(e04, s16, HIGH), _scaled_half(e26, s16, HIGH)),
+                   gl.join(_scaled_half(e15, s16, HIGH), _scaled_half(e37, s16, HIGH)))
+
+
+@gluon.jit
+def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constexpr,
+                P: gl.constexpr, GROUPS: gl.constexpr, WARPS_: gl.constexpr,
+                PREFETCH: gl.constexpr):
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS_, 1],
+                                                  instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    WL: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0]],
+        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+    R: gl.constexpr = 16 * WARPS_
+    pid = gl.program_id(0)  # (sequence, group)
+    b = pid // GROUPS
+    g = pid % GROUPS
+    # B operand: c's fp16 head and remainder as columns 0 and 1, rows in fragment order
+    kd = gl.arange(0, 128, layout=gl.SliceLayout(1, b_op))
+    n = gl.arange(0, 8, layout=gl.SliceLayout(0, b_op))
+    col = ((kd >> 1) & 3) * 32 + ((kd >> 5) & 3) * 8 + ((kd >> 3) & 1) + 2 * ((kd >> 4) & 1) \
+        + 4 * (kd & 1)  # column_of(kd)
+    cv = gl.load(c_ptr + pid * 128 + col) * 1024.0
+    hi = cv.to(gl.float16)
+    lo = (cv - hi.to(gl.float32)).to(gl.float16)
+    zero = gl.zeros_like(hi)
+    nn = gl.expand_dims(n, 0)
+    Bm = gl.where(nn == 0, gl.expand_dims(hi, 1),
+                  gl.where(nn == 1, gl.expand_dims(lo, 1), gl.expand_dims(zero, 1)))
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, WL))
+    wcol = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))
+    out_rows = gl.arange(0, R, layout=gl.SliceLayout(1, mma))
+    out_cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
+    base_row = (b * (GROUPS * H_PER_G) + g * H_PER_G) * P
+    TOTAL: gl.constexpr = H_PER_G * P
+    ITERS: gl.constexpr = TOTAL // R
+    wofs = gl.expand_dims(rows, 1) * 16 + gl.expand_dims(wcol, 0)
+    sofs = gl.expand_dims(rows, 1) * 8 + gl.expand_dims(wcol // 2, 0)
+    w_next = gl.load(words_ptr + base_row * 16 + wofs)
+    sc_next = gl.load(scales_ptr + base_row * 8 + sofs)
+    for it in range(ITERS):
+        r0 = base_row + it * R
+        if PREFETCH:
+            w = w_next
+            sc = sc_next
+            # the next rows' loads go out before this tile's work (the last reloads itself)
+            rn = base_row + gl.minimum(it + 1, ITERS - 1) * R
+            w_next = gl.load(words_ptr + rn * 16 + wofs)
+            sc_next = gl.load(scales_ptr + rn * 8 + sofs)
+        else:
+            w = gl.load(words_ptr + r0 * 16 + wofs)
+            sc = gl.load(scales_ptr + r0 * 8 + sofs)
+        s16 = sc.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        e04, e15, e26, e37 = _e2m1_pairs(w)
+        xs = gl.join(_halves_joined(e04, e15, e26, e37, s16, False),
+                     _halves_joined(e04, e15, e26, e37, s16, True))
+        # xs: (R, 16, j, i, half): nibble i + 2j + 4 half of the word
+        # k = word * 8 + j * 4 + i * 2 + half, word = c * 4 + wslot; the operand's k
+        # bits: half, c (the lane's quarter), i, j, wslot (see column_of)
+        x8 = gl.reshape(xs, [R, 2, 2, 2, 2, 2, 2, 2])
+        x8 = gl.permute(x8, [0, 3, 4, 5, 6, 1, 2, 7])
+        A = gl.convert_layout(gl.reshape(x8, [R, 128]), a_op, assert_trivial=True)
+        acc = mma_v2(A, Bm, gl.zeros([R, 8], gl.float32, layout=mma))
+        yv = gl.sum(gl.where(gl.expand_dims(out_cols, 0) < 2, acc, 0.0), axis=1)
+        orow = r0 + out_rows
+        s2 = gl.load(s2_ptr + orow // P)
+        gl.store(y_ptr + orow, yv * (s2 * (16384.0 / 1024.0)))
+
+
+@triton.jit
+def _fma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: tl.constexpr,
+                P: tl.constexpr, GROUPS: tl.constexpr, R: tl.constexpr):
+    pid = tl.program_id(0)
+    b = pid // GROUPS
+    g = pid % GROUPS
+    wcol = tl.arange(0, 16)
+    rows = tl.arange(0, R)
+    # c at the columns of each nibble j of every word
+    c0 = tl.load(c_ptr + pid * 128 + wcol * 8 + 0)
+    c1 = tl.load(c_ptr + pid * 128 + wcol * 8 + 1)
+    c2 = tl.load(c_ptr + pid * 128 + wcol * 8 + 2)
+    c3 = tl.load(c_ptr + pid * 128 + wcol * 8 + 3)
+    c4 = tl.load(c_ptr + pid * 128 + wcol * 8 + 4)
+    c5 = tl.load(c_ptr + pid * 128 + wcol * 8 + 5)
+    c6 = tl.load(c_ptr + pid * 128 + wcol * 8 + 6)
+    c7 = tl.load(c_ptr + pid * 128 + wcol * 8 + 7)
+    base_row = (b * (GROUPS * H_PER_G) + g * H_PER_G) * P
+    TOTAL: tl.constexpr = H_PER_G * P
+    for it in tl.range(TOTAL // R, num_stages=3):
+        r0 = base_row + it * R
+        roff = (r0 + rows)[:, None]
+        w = tl.load(words_ptr + roff * 16 + wcol[None, :])
+        sc = tl.load(scales_ptr + roff * 8 + (wcol // 2)[None, :])
+        s = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        MAG: tl.constexpr = 0x0E000E00
+        SGN: tl.constexpr = -2147450880
+        e04 = ((w << 9) & MAG) | ((w << 12) & SGN)
+        e15 = ((w << 5) & MAG) | ((w << 8) & SGN)
+        e26 = ((w << 1) & MAG) | ((w << 4) & SGN)
+        e37 = ((w >> 3) & MAG) | (w & SGN)
+        acc = _pair_dot(e04, c0, c4)
+        acc += _pair_dot(e15, c1, c5)
+        acc += _pair_dot(e26, c2, c6)
+        acc += _pair_dot(e37, c3, c7)
+        yv = tl.sum(acc * s, axis=1)
+        orow = r0 + rows
+        s2 = tl.load(s2_ptr + orow // P)
+        tl.store(y_ptr + orow, yv * (s2 * 16384.0))
+
+
+@triton.jit
+def _pair_dot(p, clo, chi):
+    lo = (p & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (p >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo * clo[None, :] + hi * chi[None, :]
+
+
+# ------------------------------------------------------------------ host side
+
+def make_state(model: str, batch: int, device: str, seed: int = 0):
+    heads, p, n, groups = SHAPES[model]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rows = batch * heads * p
+    words = torch.randint(-2**31, 2**31 - 1, (rows, n // 8), generator=gen, dtype=torch.int64)
+    words = words.to(torch.int32)
+    scales = torch.randint(0x08, 0x70, (rows, n // 16), generator=gen, dtype=torch.int64)
+    scales = scales.to(torch.uint8)
+    s2 = torch.rand(batch * heads, generator=gen) * 1e-3 + 1e-4
+    c = torch.randn(batch * groups, n, generator=gen)
+    return [t.to(device) for t in (words, scales, s2, c)]
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def reference(model, batch, words, scales, s2, c):
+    """float64 ``s2 * (S @ c)`` of the decoded state (rows of all matrices)."""
+    heads, p, n, groups = SHAPES[model]
+    E2M1_D = E2M1.double().to(words.device)
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    nib = torch.stack([(w >> (4 * j)) & 0xF for j in range(8)], dim=-1).reshape(w.shape[0], n)
+    del w
+    S = E2M1_D[nib & 7] * torch.where(nib >= 8, -1.0, 1.0).double()
+    del nib
+    S *= scales.view(torch.float8_e4m3fn).double().repeat_interleave(16, dim=1)
+    mat = torch.arange(S.shape[0], device=S.device) // p
+    seq_group = (mat // heads) * groups + (mat % heads) // (heads // groups)
+    cg = c.double()[seq_group]
+    y = (S * cg).sum(dim=1) * s2.double()[mat]
+    scale = (S.abs() * cg.abs()).sum(dim=1) * s2.double()[mat]
+    return y, scale
+
+
+def launch(kind, model, batch, words, scales, s2, c, y):
+    heads, p, n, groups = SHAPES[model]
+    grid = (batch * groups,)
+    if kind.startswith("mma"):
+        _mma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
+                          GROUPS=groups, WARPS_=WARPS, PREFETCH=kind == "mma-prefetch",
+                          num_warps=WARPS)
+    else:
+        _fma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
+                          GROUPS=groups, R=ROWS, num_warps=WARPS)
+
+
+def time_graph(fn, reps: int = 20, rounds: int = 5) -> float:
+    """us per launch: a CUDA graph of ``reps`` launches, the median of ``rounds``."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def run_gpu(models, batches, out):
+    results = []
+    bad = False
+    for model in models:
+        for batch in batches:
+            words, scales, s2, c = make_state(model, batch, "cuda")
+            ref, scale = reference(model, batch, words, scales, s2, c)
+            row = {"model": model, "batch": batch,
+                   "state_mb": (words.numel() * 4 + scales.numel()) / 1e6}
+            for kind in KINDS:
+                y = torch.empty(words.shape[0], device="cuda")
+                launch(kind, model, batch, words, scales, s2, c, y)
+                torch.cuda.synchronize()
+                err = ((y.double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
+                us = time_graph(functools.partial(launch, kind, model, batch, words, scales,
+                                                  s2, c, y))
+                row[kind] = {"max_rel_err": err, "us": us, "tb_s": row["state_mb"] / us}
+                bad = bad or not err <= 1e-5
+                print(f"{model} b{batch} {kind}: {us:.1f} us, max error {err:.2e} "
+                      f"(of sum |S c|)", flush=True)
+            results.append(row)
+    text = json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "rows": results}, indent=1)
+    if out:
+        tmp = Path(out).with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+    return 1 if bad else 0
+
+
+def sass_counts(model: str):
+    """sm_90 SASS of both kernels (no GPU): instructions per loop body and in all."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    heads, p, n, groups = SHAPES[model]
+    perm = sorted(column_of(k) for k in range(n)) == list(range(n))
+    print(f"operand rows name every column once: {perm}")
+    target = GPUTarget("cuda", 90, 64)
+    sig = {"words_ptr": "*i32", "scales_ptr": "*u8", "s2_ptr": "*fp32", "c_ptr": "*fp32",
+           "y_ptr": "*fp32"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
+    common = {"H_PER_G": heads // groups, "P": p, "GROUPS": groups}
+    srcs = {
+        "mma": GluonASTSource(_mma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
+                                            "GROUPS": "constexpr", "WARPS_": "constexpr",
+                                            "PREFETCH": "constexpr"},
+                              {**common, "WARPS_": WARPS, "PREFETCH": True}, attrs),
+        "fma": ASTSource(_fma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
+                                       "GROUPS": "constexpr", "R": "constexpr"},
+                         {**common, "R": ROWS}, attrs),
+    }
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    counts = {}
+    for kind, src in srcs.items():
+        k = triton.compile(src, target=target, options={"num_warps": WARPS})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True,
+                                  text=True, check=True).stdout
+            res = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True,
+                                 text=True, check=True).stdout
+        ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+        ops = [o for o in ops if o != "NOP"]
+        hist: dict[str, int] = {}
+        for o in ops:
+            hist[o.split(".")[0]] = hist.get(o.split(".")[0], 0) + 1
+        usage = re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res)
+        counts[kind] = {"instructions": len(ops), "resources": " ".join(usage),
+                        "top": sorted(hist.items(), key=lambda t: -t[1])[:14]}
+        print(kind, counts[kind])
+    return counts
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--batches", nargs="+", type=int, default=[256])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sass", action="store_true", help="sm_90 SASS counts, no GPU")
+    args = ap.parse_args(argv)
+    if args.sass:
+        sass_counts(args.models[0])
+        return 0
+    if not torch.cuda.is_available():
+        print("probe_nvfp4_mma.py: needs a CUDA GPU (or --sass)", file=sys.stderr)
+        return 2
+    return run_gpu(args.models, args.batches, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
