@@ -66,16 +66,12 @@ def _split_config(pairs: list[str]):
 
 def _check_split(cfg, preset, ck: str, rd: str | None) -> None:
     """Raise ValueError where the split step would refuse ``cfg`` at these shapes."""
-    import torch
-
-    from precisionlab.kernels.mamba2_step import _split_defaults, state_mma_block
+    from precisionlab.kernels.mamba2_step import _split_defaults
     from precisionlab.kernels.state import DENSE_FORMATS
     from precisionlab.kernels.tl_formats import format_id
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     _split_defaults(cfg, preset.head_dim, preset.state_dim, preset.heads, preset.groups,
-                    format_id(rd or ck), "nvfp4" in (ck, rd), ck in DENSE_FORMATS,
-                    mma_block=state_mma_block(rd or ck, preset.state_dim, device))
+                    format_id(rd or ck), "nvfp4" in (ck, rd), ck in DENSE_FORMATS)
 
 
 def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device,

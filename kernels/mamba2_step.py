@@ -213,13 +213,6 @@ class SplitConfig:
     2 stages 102.8 against 103.1-104.4; super-120b's 4-bit copy as a pair loop of 2 stages
     lost at first, 105.3 against its two heads with loads first, 94.9, and won with 3
     stages after the decode changes, 91.0 against 93.2).
-    ``state_mma`` ("heads" output with the weights launch, nvfp4 read copies of 128
-    columns, up to 32 heads per group, compiled on an NVIDIA GPU): the output launch is
-    ``mamba2_mma.m2_out_mma_kernel``, a program per (group, batch row) that computes each
-    row's state product ``S c`` on the tensor cores (the operand decoded in registers, no
-    layout conversion) and the rest of the output as the "heads" programs do; the products
-    agree with the CUDA-core row dots to about 1e-6 of ``sum |S c|``, not bit for bit
-    (the other output fields then do not apply); None = on where it can run.
     The fold runs on the tensor cores in two tf32 passes (three for an fp32 ring),
     splits explicit."""
 
@@ -252,7 +245,6 @@ class SplitConfig:
     out_pairs: bool | None = None
     out_ahead: int | None = None
     out_pair_loop: bool | None = None
-    state_mma: bool | None = None
 
 
 _SMS: dict[str, int] = {}
@@ -302,8 +294,6 @@ class Mamba2Cache:
     pos: torch.Tensor | None = None
     out_wts: torch.Tensor | None = None
     """Per (batch row, head) ring weights for the "heads" output launch."""
-    out_dots: torch.Tensor | None = None
-    """Per (batch row, head, row) state products of ``SplitConfig.state_mma``."""
     flush_scratch: torch.Tensor | None = None
     """fp32 rows of the nvfp4 flush's scratch pass (one head per persistent program)."""
     flush_work: torch.Tensor | None = None
@@ -681,8 +671,7 @@ def _tail_rows(tail_tile: bool, P: int, bp: int) -> int:
 
 def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int,
                     need_amax: bool, ck_dense: bool = True,
-                    flush_rd_id: int | None = None,
-                    mma_block: str | None = "no device given") -> SplitConfig:
+                    flush_rd_id: int | None = None) -> SplitConfig:
     """Fill the None fields of a split launch configuration.  Defaults (the H200
     sweeps at batch 256, L = 16, nemotron-3-nano-4b / -super-120b shapes): an fp32 or
     16-bit read copy streams through the "group" output kernel (4 warps, 4 heads per
@@ -711,8 +700,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     copies keep the persistent grid (replay fp32 within 1%).  ``flush_rd_id``: the
     format the flush launch writes as its read copy where that is not ``rd_id`` (the
     checkpoint's, when a launch of its own encodes the copy); the flush settings follow
-    it.  ``mma_block``: why the tensor-core state product (``state_mma``) cannot run for
-    this store and device, None where it can."""
+    it."""
     hpg = H // G
     f_id = rd_id if flush_rd_id is None else flush_rd_id
     f_wide = _BYTES_BY_ID[f_id] >= 2
@@ -736,7 +724,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 0):
             raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
     for name in ("tail_tile", "evict_first", "out_loads_first", "out_words", "flush_tma",
-                 "concurrent_flush", "out_pairs", "out_pair_loop", "state_mma"):
+                 "concurrent_flush", "out_pairs", "out_pair_loop"):
         if getattr(cfg, name) not in (None, True, False):
             raise ValueError(f"{name} must be true, false or unset, got {getattr(cfg, name)!r}")
     if kind not in ("heads", "tiles", "group"):
@@ -751,20 +739,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     narrow = _BYTES_BY_ID[rd_id] <= 1  # 1-byte and 4-bit copies
     want = 1 if (kind == "heads" and narrow) else 4
     four_bit = _BYTES_BY_ID[rd_id] < 1
-    mma = cfg.state_mma
-    if mma is None:
-        mma = mma_block is None and kind == "heads" and cfg.out_weights == "launch" \
-            and hpg <= 32
-    elif mma and mma_block is not None:
-        raise ValueError(f"state_mma: {mma_block}")
-    elif mma and hpg > 32:
-        raise ValueError(f"state_mma takes up to 32 heads per group, got {hpg}")
-    if mma and (kind != "heads" or cfg.out_weights != "launch"):
-        raise ValueError("state_mma needs the 'heads' output launch and its weights launch")
-    if mma and (cfg.out_pairs or cfg.out_pair_loop or cfg.out_ahead):
-        raise ValueError("state_mma reads each head's products one tile at a time: no "
-                         "out_pairs, out_pair_loop or out_ahead")
-    words = cfg.out_words if not mma else False
+    words = cfg.out_words
     if words is None:
         words = kind == "heads" and four_bit
     if words and not (kind == "heads" and four_bit):
@@ -772,7 +747,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # a 4-bit copy read as words whose head is one or two full tiles
     whole_heads = (kind == "heads" and four_bit and words and P % bp == 0 and P // bp <= 2
                    and hpg % 2 == 0 and not cfg.tail_tile)
-    pairs = cfg.out_pairs if not mma else False
+    pairs = cfg.out_pairs
     if pairs is None:  # where it applies and is not excluded; 4-bit copies read as words
         pairs = (_pairs_fit(kind, narrow, P, bp, hpg) and cfg.out_weights == "launch"
                  and cfg.heads_per_program in (None, 2) and not cfg.tail_tile
@@ -793,7 +768,7 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
     # a 4-bit copy's pairs: their tiles in a loop of 3 stages (H200, nano-4b, batch 256,
     # L = 16, nvfp4 output step 96.2-97.4 us unrolled one tile ahead -> 91.2)
     pair_loop = bool(cfg.out_pair_loop if cfg.out_pair_loop is not None
-                     else pairs and four_bit and cfg.out_ahead is None) and not mma
+                     else pairs and four_bit and cfg.out_ahead is None)
     if cfg.out_ahead and not pairs:
         raise ValueError("out_ahead needs out_pairs (two heads' rows as one run of tiles)")
     # a 4-bit copy's pairs unrolled (out_pair_loop false): one tile's loads ahead (H200,
@@ -884,24 +859,8 @@ def _split_defaults(cfg: SplitConfig, P: int, N: int, H: int, G: int, rd_id: int
                    evict_first=cfg.evict_first if cfg.evict_first is not None else True,
                    out_prefetch=(cfg.out_prefetch if cfg.out_prefetch is not None else
                                  (2816 if four_bit and not words else 1536)
-                                 if kind == "heads" and narrow and not (pairs or duo or mma)
-                                 else 0),
-                   state_mma=mma)
-
-
-def state_mma_block(fmt: str, cols: int, device: torch.device) -> str | None:
-    """Why the tensor-core state product (``SplitConfig.state_mma``) cannot run for a read
-    copy of format ``fmt`` with ``cols`` columns on ``device``; None where it can: an
-    nvfp4 copy of 128 columns, compiled on an NVIDIA GPU of compute capability 8.0+."""
-    if fmt != "nvfp4":
-        return f"the tensor-core state product reads nvfp4 copies, not {fmt}"
-    if cols != 128:
-        return f"the tensor-core state product needs dstate 128, got {cols}"
-    if not compiled_on(device):
-        return "the tensor-core state product runs compiled on an NVIDIA GPU (no interpreter)"
-    if torch.cuda.get_device_capability(device) < (8, 0):
-        return "the tensor-core state product needs compute capability 8.0 or later"
-    return None
+                                 if kind == "heads" and narrow and not (pairs or duo)
+                                 else 0))
 
 
 def launch_split_step(
@@ -939,7 +898,7 @@ def launch_split_step(
     fd = ckpt if apart else rd  # what the flush launch writes as its read copy
     need_amax = FMT_NVFP4 in (ckpt.fmt_id, fd.fmt_id)
     cfg = _split_defaults(given, P, N, H, G, rd.fmt_id, need_amax, ckpt.fmt in DENSE_FORMATS,
-                          fd.fmt_id, state_mma_block(rd.fmt, N, x.device))
+                          fd.fmt_id)
     rx, rB = cache.ring_x, cache.ring_B
     if ring_id != RING_FP32:
         rx, rB = rx.view(torch.int16), rB.view(torch.int16)
@@ -1049,13 +1008,6 @@ def _output_launch(cache: Mamba2Cache, cfg: SplitConfig, rd: StateStore,
         tail = _tail_rows(cfg.tail_tile, P, bp)
         if tail:
             common["NPB"] = P // bp
-        if cfg.state_mma:  # the state products on the tensor cores (Gluon)
-            from .mamba2_mma import launch_output
-
-            launch_output(rd, rx, rB, cache.ring_dt, cache.tickets, state_indices, cache.pos,
-                          wts, x, B, C, zz if flags["HAS_Z"] else None, out, params.D, strides,
-                          L, LR, ring_id, conc)
-            return
         m2_out_heads_kernel[(H // hpp, batch)](
             *args, HPP=hpp, TAIL=tail, wts=wts, WEIGHTS=weights,
             PFO=cfg.out_prefetch if compiled_on(x.device) else 0,
