@@ -101,7 +101,7 @@ def _halves_joined(e04, e15, e26, e37, s16, HIGH: gl.constexpr):
 @gluon.jit
 def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constexpr,
                 P: gl.constexpr, GROUPS: gl.constexpr, WARPS_: gl.constexpr,
-                PREFETCH: gl.constexpr):
+                PREFETCH: gl.constexpr, SPLIT_: gl.constexpr = 1):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS_, 1],
                                                   instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -111,7 +111,8 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
         lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
         warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
     R: gl.constexpr = 16 * WARPS_
-    pid = gl.program_id(0)  # (sequence, group)
+    pid = gl.program_id(0) // SPLIT_  # (sequence, group); SPLIT_ programs share its rows
+    part = gl.program_id(0) % SPLIT_
     b = pid // GROUPS
     g = pid % GROUPS
     # B operand: c's fp16 head and remainder as columns 0 and 1, rows in fragment order
@@ -130,9 +131,9 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
     wcol = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))
     out_rows = gl.arange(0, R, layout=gl.SliceLayout(1, mma))
     out_cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
-    base_row = (b * (GROUPS * H_PER_G) + g * H_PER_G) * P
-    TOTAL: gl.constexpr = H_PER_G * P
-    ITERS: gl.constexpr = TOTAL // R
+    TOTAL_: gl.constexpr = H_PER_G * P // SPLIT_
+    base_row = (b * (GROUPS * H_PER_G) + g * H_PER_G) * P + part * TOTAL_
+    ITERS: gl.constexpr = TOTAL_ // R
     wofs = gl.expand_dims(rows, 1) * 16 + gl.expand_dims(wcol, 0)
     sofs = gl.expand_dims(rows, 1) * 8 + gl.expand_dims(wcol // 2, 0)
     w_next = gl.load(words_ptr + base_row * 16 + wofs)
@@ -216,6 +217,10 @@ def _pair_dot(p, clo, chi):
 
 # ------------------------------------------------------------------ host side
 
+def heads_of(model: str) -> int:
+    return SHAPES[model][0]
+
+
 def make_state(model: str, batch: int, device: str, seed: int = 0):
     heads, p, n, groups = SHAPES[model]
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -254,9 +259,11 @@ def launch(kind, model, batch, words, scales, s2, c, y):
     heads, p, n, groups = SHAPES[model]
     grid = (batch * groups,)
     if kind.startswith("mma"):
-        _mma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
-                          GROUPS=groups, WARPS_=WARPS, PREFETCH=kind == "mma-prefetch",
-                          num_warps=WARPS)
+        split = int(kind.rpartition("/")[2]) if "/" in kind else 1
+        _mma_kernel[(batch * groups * split,)](
+            words, scales, s2, c, y, H_PER_G=heads // groups, P=p, GROUPS=groups,
+            WARPS_=WARPS, PREFETCH=kind.startswith("mma-prefetch"), SPLIT_=split,
+            num_warps=WARPS)
     else:
         _fma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
                           GROUPS=groups, R=ROWS, num_warps=WARPS)
@@ -290,7 +297,9 @@ def run_gpu(models, batches, out):
             ref, scale = reference(model, batch, words, scales, s2, c)
             row = {"model": model, "batch": batch,
                    "state_mb": (words.numel() * 4 + scales.numel()) / 1e6}
-            for kind in KINDS:
+            tiles = heads_of(model) * SHAPES[model][1] // SHAPES[model][3] // ROWS
+            splits = [f"mma-prefetch/{k}" for k in (2, 3, 4, 5, 8) if tiles % k == 0]
+            for kind in KINDS + tuple(splits):
                 y = torch.empty(words.shape[0], device="cuda")
                 launch(kind, model, batch, words, scales, s2, c, y)
                 torch.cuda.synchronize()
@@ -328,8 +337,9 @@ def sass_counts(model: str):
     srcs = {
         "mma": GluonASTSource(_mma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                             "GROUPS": "constexpr", "WARPS_": "constexpr",
-                                            "PREFETCH": "constexpr"},
-                              {**common, "WARPS_": WARPS, "PREFETCH": True}, attrs),
+                                            "PREFETCH": "constexpr", "SPLIT_": "constexpr"},
+                              {**common, "WARPS_": WARPS, "PREFETCH": True, "SPLIT_": 1},
+                              attrs),
         "fma": ASTSource(_fma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                        "GROUPS": "constexpr", "R": "constexpr"},
                          {**common, "R": ROWS}, attrs),
