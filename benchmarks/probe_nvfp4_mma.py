@@ -40,7 +40,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2  # noqa: E402
 
 SHAPES = {  # model: (heads, headdim, dstate, groups)
     "nemotron-3-nano-4b": (96, 80, 128, 8),
@@ -48,7 +48,8 @@ SHAPES = {  # model: (heads, headdim, dstate, groups)
 }
 SPLIT = 1024.0  # c is split as fp16 hi + lo of c * SPLIT
 WARPS = 4
-KINDS = ("fma", "mma", "mma-prefetch")
+KINDS = ("fma", "mma", "mma-prefetch", "mma-async-2", "mma-async-3", "mma-async-4",
+         "mma-async-6")
 ROWS = 16 * WARPS  # rows per loop iteration of a program
 
 
@@ -101,7 +102,7 @@ def _halves_joined(e04, e15, e26, e37, s16, HIGH: gl.constexpr):
 @gluon.jit
 def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constexpr,
                 P: gl.constexpr, GROUPS: gl.constexpr, WARPS_: gl.constexpr,
-                PREFETCH: gl.constexpr, SPLIT_: gl.constexpr = 1):
+                PREFETCH: gl.constexpr, SPLIT_: gl.constexpr = 1, STAGES: gl.constexpr = 0):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS_, 1],
                                                   instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -138,9 +139,27 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
     sofs = gl.expand_dims(rows, 1) * 8 + gl.expand_dims(wcol // 2, 0)
     w_next = gl.load(words_ptr + base_row * 16 + wofs)
     sc_next = gl.load(scales_ptr + base_row * 8 + sofs)
+    if STAGES > 0:  # the words through a ring of STAGES shared-memory tiles (cp.async)
+        buf = gl.allocate_shared_memory(gl.int32, [STAGES, R, 16],
+                                        gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        for s in gl.static_range(STAGES - 1):
+            async_copy.async_copy_global_to_shared(buf.index(s),
+                                                   words_ptr + (base_row + s * R) * 16 + wofs)
+            async_copy.commit_group()
     for it in range(ITERS):
         r0 = base_row + it * R
-        if PREFETCH:
+        if STAGES > 0:
+            nxt = it + STAGES - 1  # a stage consumed last iteration (the tail copies again)
+            async_copy.async_copy_global_to_shared(
+                buf.index(nxt % STAGES),
+                words_ptr + (base_row + gl.minimum(nxt, ITERS - 1) * R) * 16 + wofs)
+            async_copy.commit_group()
+            async_copy.wait_group(STAGES - 1)
+            w = buf.index(it % STAGES).load(WL)  # the rows this thread copied itself
+            sc = sc_next
+            rn = base_row + gl.minimum(it + 1, ITERS - 1) * R
+            sc_next = gl.load(scales_ptr + rn * 8 + sofs)
+        elif PREFETCH:
             w = w_next
             sc = sc_next
             # the next rows' loads go out before this tile's work (the last reloads itself)
@@ -260,10 +279,11 @@ def launch(kind, model, batch, words, scales, s2, c, y):
     grid = (batch * groups,)
     if kind.startswith("mma"):
         split = int(kind.rpartition("/")[2]) if "/" in kind else 1
+        stages = int(kind.rpartition("-")[2]) if kind.startswith("mma-async-") else 0
         _mma_kernel[(batch * groups * split,)](
             words, scales, s2, c, y, H_PER_G=heads // groups, P=p, GROUPS=groups,
             WARPS_=WARPS, PREFETCH=kind.startswith("mma-prefetch"), SPLIT_=split,
-            num_warps=WARPS)
+            STAGES=stages, num_warps=WARPS)
     else:
         _fma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
                           GROUPS=groups, R=ROWS, num_warps=WARPS)
@@ -298,7 +318,7 @@ def run_gpu(models, batches, out):
             row = {"model": model, "batch": batch,
                    "state_mb": (words.numel() * 4 + scales.numel()) / 1e6}
             tiles = heads_of(model) * SHAPES[model][1] // SHAPES[model][3] // ROWS
-            splits = [f"mma-prefetch/{k}" for k in (2, 3, 4, 5, 8) if tiles % k == 0]
+            splits = [f"mma-prefetch/{k}" for k in (2, 3) if tiles % k == 0]
             for kind in KINDS + tuple(splits):
                 y = torch.empty(words.shape[0], device="cuda")
                 launch(kind, model, batch, words, scales, s2, c, y)
@@ -337,9 +357,10 @@ def sass_counts(model: str):
     srcs = {
         "mma": GluonASTSource(_mma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                             "GROUPS": "constexpr", "WARPS_": "constexpr",
-                                            "PREFETCH": "constexpr", "SPLIT_": "constexpr"},
-                              {**common, "WARPS_": WARPS, "PREFETCH": True, "SPLIT_": 1},
-                              attrs),
+                                            "PREFETCH": "constexpr", "SPLIT_": "constexpr",
+                                            "STAGES": "constexpr"},
+                              {**common, "WARPS_": WARPS, "PREFETCH": True, "SPLIT_": 1,
+                               "STAGES": 0}, attrs),
         "fma": ASTSource(_fma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                        "GROUPS": "constexpr", "R": "constexpr"},
                          {**common, "R": ROWS}, attrs),
