@@ -392,9 +392,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--batches", nargs="+", type=int, default=[256])
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="JSON file of the checks and timings")
     ap.add_argument("--sass", action="store_true", help="sm_90 SASS counts, no GPU")
     args = ap.parse_args(argv)
+    if min(args.batches) < 1:
+        ap.error("--batches must be >= 1")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        ap.error(f"--out: no directory {Path(args.out).parent}")
     if args.sass:
         sass_counts(args.models[0])
         return 0
