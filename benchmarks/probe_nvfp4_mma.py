@@ -48,8 +48,8 @@ SHAPES = {  # model: (heads, headdim, dstate, groups)
 }
 SPLIT = 1024.0  # c is split as fp16 hi + lo of c * SPLIT
 WARPS = 4
-KINDS = ("fma", "mma", "mma-prefetch", "mma-async-2", "mma-async-3", "mma-async-4",
-         "mma-async-6")
+KINDS = ("fma", "mma", "mma-prefetch", "mma-ahead2", "mma-async-2", "mma-async-3",
+         "mma-async-4", "mma-async-6")
 ROWS = 16 * WARPS  # rows per loop iteration of a program
 
 
@@ -102,7 +102,8 @@ def _halves_joined(e04, e15, e26, e37, s16, HIGH: gl.constexpr):
 @gluon.jit
 def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constexpr,
                 P: gl.constexpr, GROUPS: gl.constexpr, WARPS_: gl.constexpr,
-                PREFETCH: gl.constexpr, SPLIT_: gl.constexpr = 1, STAGES: gl.constexpr = 0):
+                PREFETCH: gl.constexpr, SPLIT_: gl.constexpr = 1, STAGES: gl.constexpr = 0,
+                AHEAD2: gl.constexpr = False):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS_, 1],
                                                   instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -139,6 +140,9 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
     sofs = gl.expand_dims(rows, 1) * 8 + gl.expand_dims(wcol // 2, 0)
     w_next = gl.load(words_ptr + base_row * 16 + wofs)
     sc_next = gl.load(scales_ptr + base_row * 8 + sofs)
+    if AHEAD2:  # two tiles' loads in flight ahead of the one being multiplied
+        w_next2 = gl.load(words_ptr + (base_row + R) * 16 + wofs)
+        sc_next2 = gl.load(scales_ptr + (base_row + R) * 8 + sofs)
     if STAGES > 0:  # the words through a ring of STAGES shared-memory tiles (cp.async)
         buf = gl.allocate_shared_memory(gl.int32, [STAGES, R, 16],
                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -159,6 +163,14 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
             sc = sc_next
             rn = base_row + gl.minimum(it + 1, ITERS - 1) * R
             sc_next = gl.load(scales_ptr + rn * 8 + sofs)
+        elif AHEAD2:
+            w = w_next
+            sc = sc_next
+            w_next = w_next2
+            sc_next = sc_next2
+            rn = base_row + gl.minimum(it + 2, ITERS - 1) * R
+            w_next2 = gl.load(words_ptr + rn * 16 + wofs)
+            sc_next2 = gl.load(scales_ptr + rn * 8 + sofs)
         elif PREFETCH:
             w = w_next
             sc = sc_next
@@ -283,7 +295,7 @@ def launch(kind, model, batch, words, scales, s2, c, y):
         _mma_kernel[(batch * groups * split,)](
             words, scales, s2, c, y, H_PER_G=heads // groups, P=p, GROUPS=groups,
             WARPS_=WARPS, PREFETCH=kind.startswith("mma-prefetch"), SPLIT_=split,
-            STAGES=stages, num_warps=WARPS)
+            STAGES=stages, AHEAD2=kind == "mma-ahead2", num_warps=WARPS)
     else:
         _fma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
                           GROUPS=groups, R=ROWS, num_warps=WARPS)
@@ -308,6 +320,18 @@ def time_graph(fn, reps: int = 20, rounds: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def read_rate(words: torch.Tensor, scales: torch.Tensor) -> dict:
+    """The library's read-bandwidth probe (``kernels/bandwidth.py``) over as many bytes
+    as the codes and block scales, timed as the products are: what a plain streaming
+    read of a launch of this size reaches."""
+    from precisionlab.kernels.bandwidth import programs, read_launch
+
+    flat = torch.empty((words.numel() * 4 + scales.numel() + 3) // 4, device=words.device)
+    part = torch.empty(programs(flat.numel()), device=words.device)
+    us = time_graph(functools.partial(read_launch, flat, part))
+    return {"us": us, "tb_s": flat.numel() * 4 / 1e6 / us}
+
+
 def run_gpu(models, batches, out):
     results = []
     bad = False
@@ -330,6 +354,9 @@ def run_gpu(models, batches, out):
                 bad = bad or not err <= 1e-5
                 print(f"{model} b{batch} {kind}: {us:.1f} us, max error {err:.2e} "
                       f"(of sum |S c|)", flush=True)
+            row["read"] = read_rate(words, scales)
+            print(f"{model} b{batch} the library's read probe over the same bytes: "
+                  f"{row['read']['us']:.1f} us ({row['read']['tb_s']:.2f} TB/s)", flush=True)
             results.append(row)
     text = json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "triton": triton.__version__, "rows": results}, indent=1)
@@ -358,9 +385,9 @@ def sass_counts(model: str):
         "mma": GluonASTSource(_mma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                             "GROUPS": "constexpr", "WARPS_": "constexpr",
                                             "PREFETCH": "constexpr", "SPLIT_": "constexpr",
-                                            "STAGES": "constexpr"},
+                                            "STAGES": "constexpr", "AHEAD2": "constexpr"},
                               {**common, "WARPS_": WARPS, "PREFETCH": True, "SPLIT_": 1,
-                               "STAGES": 0}, attrs),
+                               "STAGES": 0, "AHEAD2": False}, attrs),
         "fma": ASTSource(_fma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                        "GROUPS": "constexpr", "R": "constexpr"},
                          {**common, "R": ROWS}, attrs),
