@@ -42,6 +42,8 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2  # noqa: E402
 
+from precisionlab.kernels.tl_dots import e2m1_word_pairs  # noqa: E402
+
 SHAPES = {  # model: (heads, headdim, dstate, groups)
     "nemotron-3-nano-4b": (96, 80, 128, 8),
     "nemotron-3-super-120b": (128, 64, 128, 8),
@@ -68,18 +70,10 @@ def column_of(kd):
     return word * 8 + (i + 2 * j) + 4 * half
 
 
-@gluon.jit
-def _e2m1_pairs(w):
-    """The int32 fp16-bit pairs (nibbles 0|4, 2|6, 1|5, 3|7 as low|high halves) of the
-    E2M1 codes of int32 words: ``sign << 15 | magnitude << 9`` per half, the fp16 of the
-    value times 2**-14 (code 1, 0.5, is the subnormal 2**-15)."""
-    MAG: gl.constexpr = 0x0E000E00
-    SGN: gl.constexpr = -2147450880  # 0x80008000
-    e04 = ((w << 9) & MAG) | ((w << 12) & SGN)
-    e15 = ((w << 5) & MAG) | ((w << 8) & SGN)
-    e26 = ((w << 1) & MAG) | ((w << 4) & SGN)
-    e37 = ((w >> 3) & MAG) | (w & SGN)
-    return e04, e15, e26, e37
+# the library's word decode (``kernels/tl_dots.py``: each E2M1 code of an int32 word as
+# the fp16 bits of its value times 2**-14, nibbles j and j + 4 in one pair), compiled as
+# Gluon for the tensor-core form
+_e2m1_pairs = gluon.jit(e2m1_word_pairs.fn)
 
 
 @gluon.jit
@@ -223,12 +217,7 @@ def _fma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: tl.constex
         w = tl.load(words_ptr + roff * 16 + wcol[None, :])
         sc = tl.load(scales_ptr + roff * 8 + (wcol // 2)[None, :])
         s = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        MAG: tl.constexpr = 0x0E000E00
-        SGN: tl.constexpr = -2147450880
-        e04 = ((w << 9) & MAG) | ((w << 12) & SGN)
-        e15 = ((w << 5) & MAG) | ((w << 8) & SGN)
-        e26 = ((w << 1) & MAG) | ((w << 4) & SGN)
-        e37 = ((w >> 3) & MAG) | (w & SGN)
+        e04, e15, e26, e37 = e2m1_word_pairs(w)
         acc = _pair_dot(e04, c0, c4)
         acc += _pair_dot(e15, c1, c5)
         acc += _pair_dot(e26, c2, c6)
