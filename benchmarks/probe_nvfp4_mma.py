@@ -51,7 +51,9 @@ SHAPES = {  # model: (heads, headdim, dstate, groups)
 SPLIT = 1024.0  # c is split as fp16 hi + lo of c * SPLIT
 WARPS = 4
 KINDS = ("fma", "mma", "mma-prefetch", "mma-ahead2", "mma-async-2", "mma-async-3",
-         "mma-async-4", "mma-async-6")
+         "mma-async-4", "mma-async-6", "mma-no-scales")
+TIMING_ONLY = ("mma-no-scales",)
+"""Forms that leave work out to time the rest: their results are not checked."""
 ROWS = 16 * WARPS  # rows per loop iteration of a program
 
 
@@ -97,7 +99,7 @@ def _halves_joined(e04, e15, e26, e37, s16, HIGH: gl.constexpr):
 def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constexpr,
                 P: gl.constexpr, GROUPS: gl.constexpr, WARPS_: gl.constexpr,
                 PREFETCH: gl.constexpr, SPLIT_: gl.constexpr = 1, STAGES: gl.constexpr = 0,
-                AHEAD2: gl.constexpr = False):
+                AHEAD2: gl.constexpr = False, SCALES: gl.constexpr = True):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS_, 1],
                                                   instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -175,6 +177,8 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
         else:
             w = gl.load(words_ptr + r0 * 16 + wofs)
             sc = gl.load(scales_ptr + r0 * 8 + sofs)
+        if not SCALES:  # timing only: every block scale 1.0, no scale bytes read
+            sc = gl.full([R, 16], 0x38, gl.uint8, layout=WL)
         s16 = sc.to(gl.float8e4nv, bitcast=True).to(gl.float16)
         e04, e15, e26, e37 = _e2m1_pairs(w)
         xs = gl.join(_halves_joined(e04, e15, e26, e37, s16, False),
@@ -284,7 +288,8 @@ def launch(kind, model, batch, words, scales, s2, c, y):
         _mma_kernel[(batch * groups * split,)](
             words, scales, s2, c, y, H_PER_G=heads // groups, P=p, GROUPS=groups,
             WARPS_=WARPS, PREFETCH=kind.startswith("mma-prefetch"), SPLIT_=split,
-            STAGES=stages, AHEAD2=kind == "mma-ahead2", num_warps=WARPS)
+            STAGES=stages, AHEAD2=kind == "mma-ahead2", SCALES=kind != "mma-no-scales",
+            num_warps=WARPS)
     else:
         _fma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
                           GROUPS=groups, R=ROWS, num_warps=WARPS)
@@ -340,7 +345,7 @@ def run_gpu(models, batches, out):
                 us = time_graph(functools.partial(launch, kind, model, batch, words, scales,
                                                   s2, c, y))
                 row[kind] = {"max_rel_err": err, "us": us, "tb_s": row["state_mb"] / us}
-                bad = bad or not err <= 1e-5
+                bad = bad or (not err <= 1e-5 and kind not in TIMING_ONLY)
                 print(f"{model} b{batch} {kind}: {us:.1f} us, max error {err:.2e} "
                       f"(of sum |S c|)", flush=True)
             row["read"] = read_rate(words, scales)
@@ -374,9 +379,10 @@ def sass_counts(model: str):
         "mma": GluonASTSource(_mma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                             "GROUPS": "constexpr", "WARPS_": "constexpr",
                                             "PREFETCH": "constexpr", "SPLIT_": "constexpr",
-                                            "STAGES": "constexpr", "AHEAD2": "constexpr"},
+                                            "STAGES": "constexpr", "AHEAD2": "constexpr",
+                                            "SCALES": "constexpr"},
                               {**common, "WARPS_": WARPS, "PREFETCH": True, "SPLIT_": 1,
-                               "STAGES": 0, "AHEAD2": False}, attrs),
+                               "STAGES": 0, "AHEAD2": False, "SCALES": True}, attrs),
         "fma": ASTSource(_fma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                        "GROUPS": "constexpr", "R": "constexpr"},
                          {**common, "R": ROWS}, attrs),
