@@ -8,14 +8,20 @@ matrix) and one fp32 vector ``c`` per (sequence, group), two ways:
 * ``mma``: tensor cores without a layout conversion (Gluon, ``mma.sync`` m16n8k16):
   each thread loads the 16 bytes of a row that its mma operand fragment holds, decodes
   them in place into the fp16 values the fragment needs (exact: E2M1 value times its
-  block scale, times 2**-14), and the product takes ``c`` as an fp16 head and remainder
-  (two columns of the 16 x 8 operand), its rows in the order the fragments hold the codes.
+  block scale, times 2**-14), and the product takes ``c`` (of unit scale here) times
+  1024 as an fp16 head and remainder (two columns of the 16 x 8 operand), its rows in
+  the order the fragments hold the codes.  Variants: ``mma-prefetch`` (the next tile's
+  loads in flight while a tile is multiplied), ``mma-ahead2`` (two tiles),
+  ``mma-async-S`` (the words through S shared-memory tiles by asynchronous copies),
+  ``mma-prefetch/K`` (K programs share a group's rows), ``mma-no-scales`` (timing only:
+  no block-scale loads, results not checked).
 
-Both run over every matrix of a model's state at a batch, a program per (sequence,
-group), its heads' rows 64 at a time; the probe checks both against a float64 product
-of the decoded state, then times them as CUDA-graph replays.  It measures whether the
-tensor-core form removes the issue bound of the 4-bit output step; the state's ring
-terms, gates and stores of a real output step are not in it.
+Each runs over every matrix of a model's state at a batch, a program per (sequence,
+group), its heads' rows 64 at a time; the probe checks each against a float64 product
+of the decoded state, then times it as CUDA-graph replays, beside the library's
+read-bandwidth probe over the same bytes.  It measures what the tensor-core form gains
+on the 4-bit output step's state product; the ring terms, gates and stores of a real
+output step are not in it.
 
     python benchmarks/probe_nvfp4_mma.py --out probe.json           # H200: check + time
     python benchmarks/probe_nvfp4_mma.py --sass                     # no GPU: sm_90 counts
@@ -48,7 +54,6 @@ SHAPES = {  # model: (heads, headdim, dstate, groups)
     "nemotron-3-nano-4b": (96, 80, 128, 8),
     "nemotron-3-super-120b": (128, 64, 128, 8),
 }
-SPLIT = 1024.0  # c is split as fp16 hi + lo of c * SPLIT
 WARPS = 4
 KINDS = ("fma", "mma", "mma-prefetch", "mma-ahead2", "mma-async-2", "mma-async-3",
          "mma-async-4", "mma-async-6", "mma-no-scales")
