@@ -1,6 +1,7 @@
 """Probe: the matrix-vector core of a 4-bit output step, ``y = s2 * (S @ c)`` for nvfp4
 state matrices ``S`` (E2M1 codes, E4M3 block scales per 16 elements, an fp32 scale per
-matrix) and one fp32 vector ``c`` per (sequence, group), two ways:
+matrix) and one fp32 vector ``c`` per (sequence, group) (Mamba-2's C; for the GDN shapes,
+q per key head), two ways:
 
 * ``fma``: CUDA cores, as the output launches of ``kernels/`` do it: each word of eight
   codes turned into fp16 pairs by shifts and masks, widened to float32, one FMA per
@@ -50,10 +51,13 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2 
 
 from precisionlab.kernels.tl_dots import e2m1_word_pairs  # noqa: E402
 
-SHAPES = {  # model: (heads, headdim, dstate, groups)
+SHAPES = {  # model: (heads, headdim, dstate, groups); GDN: value heads, V, K, key heads
     "nemotron-3-nano-4b": (96, 80, 128, 8),
     "nemotron-3-super-120b": (128, 64, 128, 8),
+    "qwen3.5-4b": (32, 128, 128, 16),
+    "qwen3.5-122b": (64, 128, 128, 16),
 }
+DEFAULT_MODELS = ["nemotron-3-nano-4b", "nemotron-3-super-120b"]
 WARPS = 4
 KINDS = ("fma", "mma", "mma-prefetch", "mma-ahead2", "mma-async-2", "mma-async-3",
          "mma-async-4", "mma-async-6", "mma-no-scales")
@@ -417,7 +421,8 @@ def sass_counts(model: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(SHAPES),
+                    help="state shapes (GDN: S q per value head, q per key head)")
     ap.add_argument("--batches", nargs="+", type=int, default=[256])
     ap.add_argument("--out", default=None, help="JSON file of the checks and timings")
     ap.add_argument("--sass", action="store_true", help="sm_90 SASS counts, no GPU")
