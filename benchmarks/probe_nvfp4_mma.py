@@ -26,6 +26,8 @@ output step are not in it.
 
     python benchmarks/probe_nvfp4_mma.py --out probe.json           # H200: check + time
     python benchmarks/probe_nvfp4_mma.py --sass                     # no GPU: sm_90 counts
+    ncu --section MemoryWorkloadAnalysis -k regex:_mma_kernel \
+        python benchmarks/probe_nvfp4_mma.py --kinds mma-prefetch --models nemotron-3-nano-4b
 """
 
 from __future__ import annotations
@@ -335,7 +337,7 @@ def read_rate(words: torch.Tensor, scales: torch.Tensor) -> dict:
     return {"us": us, "tb_s": flat.numel() * 4 / 1e6 / us}
 
 
-def run_gpu(models, batches, out):
+def run_gpu(models, batches, out, kinds=None):
     results = []
     bad = False
     for model in models:
@@ -346,7 +348,7 @@ def run_gpu(models, batches, out):
                    "state_mb": (words.numel() * 4 + scales.numel()) / 1e6}
             tiles = heads_of(model) * SHAPES[model][1] // SHAPES[model][3] // ROWS
             splits = [f"mma-prefetch/{k}" for k in (2, 3) if tiles % k == 0]
-            for kind in KINDS + tuple(splits):
+            for kind in kinds or KINDS + tuple(splits):
                 y = torch.empty(words.shape[0], device="cuda")
                 launch(kind, model, batch, words, scales, s2, c, y)
                 torch.cuda.synchronize()
@@ -426,9 +428,22 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", nargs="+", type=int, default=[256])
     ap.add_argument("--out", default=None, help="JSON file of the checks and timings")
     ap.add_argument("--sass", action="store_true", help="sm_90 SASS counts, no GPU")
+    ap.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
+                    help="only these forms (" + ", ".join(KINDS) + ", mma-prefetch/K), "
+                    "e.g. under a profiler")
     args = ap.parse_args(argv)
     if min(args.batches) < 1:
         ap.error("--batches must be >= 1")
+    for kind in args.kinds or ():
+        base, _, k = kind.partition("/")
+        if base not in KINDS or (k and not (base == "mma-prefetch" and k.isdigit()
+                                            and int(k) >= 1)):
+            ap.error(f"--kinds: unknown form {kind!r}")
+        for model in args.models if k else ():
+            tiles = heads_of(model) * SHAPES[model][1] // SHAPES[model][3] // ROWS
+            if tiles % int(k):
+                ap.error(f"--kinds {kind}: {model}'s {tiles} tiles per group do not split "
+                         f"{k} ways")
     if args.out and not Path(args.out).resolve().parent.is_dir():
         ap.error(f"--out: no directory {Path(args.out).parent}")
     if args.sass:
@@ -437,7 +452,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("probe_nvfp4_mma.py: needs a CUDA GPU (or --sass)", file=sys.stderr)
         return 2
-    return run_gpu(args.models, args.batches, args.out)
+    return run_gpu(args.models, args.batches, args.out, args.kinds)
 
 
 if __name__ == "__main__":
