@@ -14,8 +14,10 @@ q per key head), two ways:
   the order the fragments hold the codes.  Variants: ``mma-prefetch`` (the next tile's
   loads in flight while a tile is multiplied), ``mma-ahead2`` (two tiles),
   ``mma-async-S`` (the words through S shared-memory tiles by asynchronous copies),
-  ``mma-prefetch/K`` (K programs share a group's rows), ``mma-no-scales`` (timing only:
-  no block-scale loads, results not checked).
+  ``mma-prefetch/K`` (K programs share a group's rows), ``mma-128`` (128-row tiles: each
+  warp's fragments hold two 16-row blocks, four 16-byte loads per thread and tile, where
+  a group's rows are a multiple of 128), ``mma-no-scales`` (timing only: no block-scale
+  loads, results not checked).
 
 Each runs over every matrix of a model's state at a batch, a program per (sequence,
 group), its heads' rows 64 at a time; the probe checks each against a float64 product
@@ -62,7 +64,7 @@ SHAPES = {  # model: (heads, headdim, dstate, groups); GDN: value heads, V, K, k
 DEFAULT_MODELS = ["nemotron-3-nano-4b", "nemotron-3-super-120b"]
 WARPS = 4
 KINDS = ("fma", "mma", "mma-prefetch", "mma-ahead2", "mma-async-2", "mma-async-3",
-         "mma-async-4", "mma-async-6", "mma-no-scales")
+         "mma-async-4", "mma-async-6", "mma-no-scales", "mma-128")
 TIMING_ONLY = ("mma-no-scales",)
 """Forms that leave work out to time the rest: their results are not checked."""
 ROWS = 16 * WARPS  # rows per loop iteration of a program
@@ -110,16 +112,24 @@ def _halves_joined(e04, e15, e26, e37, s16, HIGH: gl.constexpr):
 def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constexpr,
                 P: gl.constexpr, GROUPS: gl.constexpr, WARPS_: gl.constexpr,
                 PREFETCH: gl.constexpr, SPLIT_: gl.constexpr = 1, STAGES: gl.constexpr = 0,
-                AHEAD2: gl.constexpr = False, SCALES: gl.constexpr = True):
+                AHEAD2: gl.constexpr = False, SCALES: gl.constexpr = True,
+                TWO_M: gl.constexpr = False):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS_, 1],
                                                   instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    WL: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [8, 0]],
-        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
-    R: gl.constexpr = 16 * WARPS_
+    if TWO_M:  # 128-row tiles: each warp's fragments hold two 16-row blocks, 64 rows apart
+        WL: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [8, 0], [64, 0]],
+            lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[128, 16])
+        R: gl.constexpr = 32 * WARPS_
+    else:
+        WL: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [8, 0]],
+            lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+        R: gl.constexpr = 16 * WARPS_
     pid = gl.program_id(0) // SPLIT_  # (sequence, group); SPLIT_ programs share its rows
     part = gl.program_id(0) % SPLIT_
     b = pid // GROUPS
@@ -298,9 +308,10 @@ def launch(kind, model, batch, words, scales, s2, c, y):
         stages = int(kind.rpartition("-")[2]) if kind.startswith("mma-async-") else 0
         _mma_kernel[(batch * groups * split,)](
             words, scales, s2, c, y, H_PER_G=heads // groups, P=p, GROUPS=groups,
-            WARPS_=WARPS, PREFETCH=kind.startswith("mma-prefetch"), SPLIT_=split,
+            WARPS_=WARPS, PREFETCH=kind.startswith("mma-prefetch") or kind == "mma-128",
+            SPLIT_=split,
             STAGES=stages, AHEAD2=kind == "mma-ahead2", SCALES=kind != "mma-no-scales",
-            num_warps=WARPS)
+            TWO_M=kind == "mma-128", num_warps=WARPS)
     else:
         _fma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
                           GROUPS=groups, R=ROWS, num_warps=WARPS)
@@ -348,7 +359,8 @@ def run_gpu(models, batches, out, kinds=None):
                    "state_mb": (words.numel() * 4 + scales.numel()) / 1e6}
             tiles = heads_of(model) * SHAPES[model][1] // SHAPES[model][3] // ROWS
             splits = [f"mma-prefetch/{k}" for k in (2, 3) if tiles % k == 0]
-            for kind in kinds or KINDS + tuple(splits):
+            default = [k for k in KINDS if k != "mma-128" or tiles % 2 == 0] + splits
+            for kind in kinds or default:
                 y = torch.empty(words.shape[0], device="cuda")
                 launch(kind, model, batch, words, scales, s2, c, y)
                 torch.cuda.synchronize()
@@ -388,18 +400,20 @@ def sass_counts(model: str):
            "y_ptr": "*fp32"}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
     common = {"H_PER_G": heads // groups, "P": p, "GROUPS": groups}
+    mma_sig = {**sig, **{name: "constexpr" for name in (
+        "H_PER_G", "P", "GROUPS", "WARPS_", "PREFETCH", "SPLIT_", "STAGES", "AHEAD2", "SCALES",
+        "TWO_M")}}
+    mma_args = {**common, "WARPS_": WARPS, "PREFETCH": True, "SPLIT_": 1, "STAGES": 0,
+                "AHEAD2": False, "SCALES": True, "TWO_M": False}
     srcs = {
-        "mma": GluonASTSource(_mma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
-                                            "GROUPS": "constexpr", "WARPS_": "constexpr",
-                                            "PREFETCH": "constexpr", "SPLIT_": "constexpr",
-                                            "STAGES": "constexpr", "AHEAD2": "constexpr",
-                                            "SCALES": "constexpr"},
-                              {**common, "WARPS_": WARPS, "PREFETCH": True, "SPLIT_": 1,
-                               "STAGES": 0, "AHEAD2": False, "SCALES": True}, attrs),
+        "mma": GluonASTSource(_mma_kernel, mma_sig, mma_args, attrs),
         "fma": ASTSource(_fma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                        "GROUPS": "constexpr", "R": "constexpr"},
                          {**common, "R": ROWS}, attrs),
     }
+    if (heads // groups * p // ROWS) % 2 == 0:  # a group's rows in 128-row tiles
+        srcs["mma-128"] = GluonASTSource(_mma_kernel, mma_sig, {**mma_args, "TWO_M": True},
+                                         attrs)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     counts = {}
     for kind, src in srcs.items():
@@ -441,11 +455,11 @@ def main(argv=None) -> int:
         if base not in KINDS or (k and not (base == "mma-prefetch" and k.isdigit()
                                             and int(k) >= 1)):
             ap.error(f"--kinds: unknown form {kind!r}")
-        for model in args.models if k else ():
+        for model in args.models if k or base == "mma-128" else ():
             tiles = heads_of(model) * SHAPES[model][1] // SHAPES[model][3] // ROWS
-            if tiles % int(k):
+            if tiles % int(k or 2):
                 ap.error(f"--kinds {kind}: {model}'s {tiles} tiles per group do not split "
-                         f"{k} ways")
+                         f"{k or 2} ways")
     if args.out and not Path(args.out).resolve().parent.is_dir():
         ap.error(f"--out: no directory {Path(args.out).parent}")
     if args.sass:

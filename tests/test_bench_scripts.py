@@ -97,6 +97,8 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("probe_nvfp4_mma.py", ["--kinds", "fma/2"], "unknown form 'fma/2'"),
     ("probe_nvfp4_mma.py", ["--kinds", "mma-prefetch/2", "--models", "nemotron-3-nano-4b"],
      "15 tiles per group do not split 2 ways"),
+    ("probe_nvfp4_mma.py", ["--kinds", "mma-128", "--models", "nemotron-3-nano-4b"],
+     "15 tiles per group do not split 2 ways"),
     ("time_model_drift.py", ["--steps", "1"], "--steps must be >= 2"),
     ("time_model_drift.py", ["--layers", "0"], "--layers must be >= 1"),
     ("time_model_drift.py", ["--out", "x.nc"], "use one of .json"),
@@ -161,13 +163,17 @@ def test_probe_nvfp4_encode_bits_equal_formats(tmp_path: Path) -> None:
 
 def test_probe_nvfp4_mma_compiles_without_a_layout_conversion(tmp_path: Path) -> None:
     """``probe_nvfp4_mma.py --sass``: the tensor-core probe compiles offline for sm_90
-    with its operand built in registers (no shared memory, HMMA in the code), and its
-    operand rows name every state column once."""
+    with its operand built in registers (no shared memory, HMMA in the code), in 64- and
+    (super-120b) 128-row tiles, and its operand rows name every state column once."""
     r = run("probe_nvfp4_mma.py", "--sass", tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     mma = next(line for line in r.stdout.splitlines() if line.startswith("mma "))
     assert "SHARED:0 " in mma and "'HMMA'" in mma
     assert "operand rows name every column once: True" in r.stdout
+    r = run("probe_nvfp4_mma.py", "--sass", "--models", "nemotron-3-super-120b", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    two_m = next(line for line in r.stdout.splitlines() if line.startswith("mma-128 "))
+    assert "SHARED:0 " in two_m and "'HMMA'" in two_m
 
 
 def test_split_fields_parse_ints_and_flags() -> None:
