@@ -53,6 +53,7 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2  # noqa: E402
 
+from precisionlab import formats  # noqa: E402
 from precisionlab.kernels.tl_dots import e2m1_word_pairs  # noqa: E402
 
 SHAPES = {  # model: (heads, headdim, dstate, groups); GDN: value heads, V, K, key heads
@@ -262,8 +263,10 @@ def _pair_dot(p, clo, chi):
 
 # ------------------------------------------------------------------ host side
 
-def heads_of(model: str) -> int:
-    return SHAPES[model][0]
+def tiles_per_group(model: str) -> int:
+    """64-row tiles of a B/C group's (key head's) rows: a program's loop trips."""
+    heads, p, _, groups = SHAPES[model]
+    return heads // groups * p // ROWS
 
 
 def make_state(model: str, batch: int, device: str, seed: int = 0):
@@ -279,25 +282,18 @@ def make_state(model: str, batch: int, device: str, seed: int = 0):
     return [t.to(device) for t in (words, scales, s2, c)]
 
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
 def reference(model, batch, words, scales, s2, c):
-    """float64 ``s2 * (S @ c)`` of the decoded state (rows of all matrices)."""
+    """float64 ``s2 * (S @ c)`` of the state as ``precisionlab.formats`` decodes it (rows
+    of all matrices), and ``sum |S c|`` per row, the scale of the errors."""
     heads, p, n, groups = SHAPES[model]
-    E2M1_D = E2M1.double().to(words.device)
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    nib = torch.stack([(w >> (4 * j)) & 0xF for j in range(8)], dim=-1).reshape(w.shape[0], n)
-    del w
-    S = E2M1_D[nib & 7] * torch.where(nib >= 8, -1.0, 1.0).double()
-    del nib
-    S *= scales.view(torch.float8_e4m3fn).double().repeat_interleave(16, dim=1)
+    mats = words.shape[0] // p
+    packed = formats.Packed("nvfp4", words.view(torch.uint8).reshape(mats, p, n // 2),
+                            (mats, p, n), {"block": scales.reshape(mats, p, n // 16),
+                                           "matrix": s2.reshape(mats, 1, 1)})
+    S = formats.get("nvfp4").decode(packed).double().reshape(mats * p, n)
     mat = torch.arange(S.shape[0], device=S.device) // p
-    seq_group = (mat // heads) * groups + (mat % heads) // (heads // groups)
-    cg = c.double()[seq_group]
-    y = (S * cg).sum(dim=1) * s2.double()[mat]
-    scale = (S.abs() * cg.abs()).sum(dim=1) * s2.double()[mat]
-    return y, scale
+    cg = c.double()[(mat // heads) * groups + (mat % heads) // (heads // groups)]
+    return (S * cg).sum(dim=1), (S.abs() * cg.abs()).sum(dim=1)
 
 
 def launch(kind, model, batch, words, scales, s2, c, y):
@@ -318,18 +314,16 @@ def launch(kind, model, batch, words, scales, s2, c, y):
 
 
 def time_graph(fn, reps: int = 20, rounds: int = 5) -> float:
-    """us per launch: a CUDA graph of ``reps`` launches, the median of ``rounds``."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
+    """us per launch: one CUDA graph of ``reps`` back-to-back launches (``timing.capture``),
+    the median of ``rounds`` replays."""
+    from precisionlab.timing import capture
+
+    step = capture(lambda: [fn() for _ in range(reps)])
     times = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        g.replay()
+        step.graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0 / reps)
@@ -357,7 +351,7 @@ def run_gpu(models, batches, out, kinds=None):
             ref, scale = reference(model, batch, words, scales, s2, c)
             row = {"model": model, "batch": batch,
                    "state_mb": (words.numel() * 4 + scales.numel()) / 1e6}
-            tiles = heads_of(model) * SHAPES[model][1] // SHAPES[model][3] // ROWS
+            tiles = tiles_per_group(model)
             splits = [f"mma-prefetch/{k}" for k in (2, 3) if tiles % k == 0]
             default = [k for k in KINDS if k != "mma-128" or tiles % 2 == 0] + splits
             for kind in kinds or default:
@@ -411,7 +405,7 @@ def sass_counts(model: str):
                                        "GROUPS": "constexpr", "R": "constexpr"},
                          {**common, "R": ROWS}, attrs),
     }
-    if (heads // groups * p // ROWS) % 2 == 0:  # a group's rows in 128-row tiles
+    if tiles_per_group(model) % 2 == 0:  # a group's rows in 128-row tiles
         srcs["mma-128"] = GluonASTSource(_mma_kernel, mma_sig, {**mma_args, "TWO_M": True},
                                          attrs)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -456,7 +450,7 @@ def main(argv=None) -> int:
                                             and int(k) >= 1)):
             ap.error(f"--kinds: unknown form {kind!r}")
         for model in args.models if k or base == "mma-128" else ():
-            tiles = heads_of(model) * SHAPES[model][1] // SHAPES[model][3] // ROWS
+            tiles = tiles_per_group(model)
             if tiles % int(k or 2):
                 ap.error(f"--kinds {kind}: {model}'s {tiles} tiles per group do not split "
                          f"{k or 2} ways")
