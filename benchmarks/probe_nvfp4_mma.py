@@ -16,7 +16,10 @@ q per key head), two ways:
   ``mma-async-S`` (the words through S shared-memory tiles by asynchronous copies),
   ``mma-prefetch/K`` (K programs share a group's rows), ``mma-128`` (128-row tiles: each
   warp's fragments hold two 16-row blocks, four 16-byte loads per thread and tile, where
-  a group's rows are a multiple of 128), ``mma-no-scales`` (timing only: no block-scale
+  a group's rows are a multiple of 128), ``mma-block-cols`` (the block scales applied
+  after the product: column n of ``c``'s operand holds ``c`` on block n's rows only, so
+  the accumulator holds a row's eight block dots, each then times its scale; ``c``'s
+  head and remainder in two products), ``mma-no-scales`` (timing only: no block-scale
   loads, results not checked).
 
 Each runs over every matrix of a model's state at a batch, a program per (sequence,
@@ -65,7 +68,7 @@ SHAPES = {  # model: (heads, headdim, dstate, groups); GDN: value heads, V, K, k
 DEFAULT_MODELS = ["nemotron-3-nano-4b", "nemotron-3-super-120b"]
 WARPS = 4
 KINDS = ("fma", "mma", "mma-prefetch", "mma-ahead2", "mma-async-2", "mma-async-3",
-         "mma-async-4", "mma-async-6", "mma-no-scales", "mma-128")
+         "mma-async-4", "mma-async-6", "mma-no-scales", "mma-128", "mma-block-cols")
 TIMING_ONLY = ("mma-no-scales",)
 """Forms that leave work out to time the rest: their results are not checked."""
 ROWS = 16 * WARPS  # rows per loop iteration of a program
@@ -93,20 +96,25 @@ _e2m1_pairs = gluon.jit(e2m1_word_pairs.fn)
 
 
 @gluon.jit
-def _scaled_half(p, s16, HIGH: gl.constexpr):
-    """One fp16 half of int32 pairs ``p``, times its block scale ``s16``."""
+def _scaled_half(p, s16, HIGH: gl.constexpr, SCALED: gl.constexpr):
+    """One fp16 half of int32 pairs ``p``, times its block scale ``s16`` if ``SCALED``."""
     if HIGH:
         h = (p >> 16).to(gl.int16)
     else:
         h = (p & 0xFFFF).to(gl.int16)
-    return h.to(gl.float16, bitcast=True) * s16
+    if SCALED:
+        return h.to(gl.float16, bitcast=True) * s16
+    else:
+        return h.to(gl.float16, bitcast=True)
 
 
 @gluon.jit
-def _halves_joined(e04, e15, e26, e37, s16, HIGH: gl.constexpr):
+def _halves_joined(e04, e15, e26, e37, s16, HIGH: gl.constexpr, SCALED: gl.constexpr):
     """(rows, words, j, i): the low (or high) halves of the four pairs, nibble i + 2j."""
-    return gl.join(gl.join(_scaled_half(e04, s16, HIGH), _scaled_half(e26, s16, HIGH)),
-                   gl.join(_scaled_half(e15, s16, HIGH), _scaled_half(e37, s16, HIGH)))
+    return gl.join(gl.join(_scaled_half(e04, s16, HIGH, SCALED),
+                           _scaled_half(e26, s16, HIGH, SCALED)),
+                   gl.join(_scaled_half(e15, s16, HIGH, SCALED),
+                           _scaled_half(e37, s16, HIGH, SCALED)))
 
 
 @gluon.jit
@@ -114,7 +122,7 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
                 P: gl.constexpr, GROUPS: gl.constexpr, WARPS_: gl.constexpr,
                 PREFETCH: gl.constexpr, SPLIT_: gl.constexpr = 1, STAGES: gl.constexpr = 0,
                 AHEAD2: gl.constexpr = False, SCALES: gl.constexpr = True,
-                TWO_M: gl.constexpr = False):
+                TWO_M: gl.constexpr = False, BLOCK_COLS: gl.constexpr = False):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS_, 1],
                                                   instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -145,8 +153,13 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
     lo = (cv - hi.to(gl.float32)).to(gl.float16)
     zero = gl.zeros_like(hi)
     nn = gl.expand_dims(n, 0)
-    Bm = gl.where(nn == 0, gl.expand_dims(hi, 1),
-                  gl.where(nn == 1, gl.expand_dims(lo, 1), gl.expand_dims(zero, 1)))
+    if BLOCK_COLS:  # column n: c's head (Bm) and remainder (Bl) on block n's rows only
+        own = gl.expand_dims(col // 16, 1) == nn
+        Bm = gl.where(own, gl.expand_dims(hi, 1), gl.expand_dims(zero, 1))
+        Bl = gl.where(own, gl.expand_dims(lo, 1), gl.expand_dims(zero, 1))
+    else:
+        Bm = gl.where(nn == 0, gl.expand_dims(hi, 1),
+                      gl.where(nn == 1, gl.expand_dims(lo, 1), gl.expand_dims(zero, 1)))
     rows = gl.arange(0, R, layout=gl.SliceLayout(1, WL))
     wcol = gl.arange(0, 16, layout=gl.SliceLayout(0, WL))
     out_rows = gl.arange(0, R, layout=gl.SliceLayout(1, mma))
@@ -156,6 +169,8 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
     ITERS: gl.constexpr = TOTAL_ // R
     wofs = gl.expand_dims(rows, 1) * 16 + gl.expand_dims(wcol, 0)
     sofs = gl.expand_dims(rows, 1) * 8 + gl.expand_dims(wcol // 2, 0)
+    if BLOCK_COLS:  # the block scales where the accumulator holds the block dots
+        sofs = gl.expand_dims(out_rows, 1) * 8 + gl.expand_dims(out_cols, 0)
     w_next = gl.load(words_ptr + base_row * 16 + wofs)
     sc_next = gl.load(scales_ptr + base_row * 8 + sofs)
     if AHEAD2:  # two tiles' loads in flight ahead of the one being multiplied
@@ -201,10 +216,13 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
             sc = gl.load(scales_ptr + r0 * 8 + sofs)
         if not SCALES:  # timing only: every block scale 1.0, no scale bytes read
             sc = gl.full([R, 16], 0x38, gl.uint8, layout=WL)
-        s16 = sc.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        if BLOCK_COLS:
+            s16 = gl.full([R, 16], 1.0, gl.float16, layout=WL)  # not used
+        else:
+            s16 = sc.to(gl.float8e4nv, bitcast=True).to(gl.float16)
         e04, e15, e26, e37 = _e2m1_pairs(w)
-        xs = gl.join(_halves_joined(e04, e15, e26, e37, s16, False),
-                     _halves_joined(e04, e15, e26, e37, s16, True))
+        xs = gl.join(_halves_joined(e04, e15, e26, e37, s16, False, not BLOCK_COLS),
+                     _halves_joined(e04, e15, e26, e37, s16, True, not BLOCK_COLS))
         # xs: (R, 16, j, i, half): nibble i + 2j + 4 half of the word
         # k = word * 8 + j * 4 + i * 2 + half, word = c * 4 + wslot; the operand's k
         # bits: half, c (the lane's quarter), i, j, wslot (see column_of)
@@ -212,7 +230,11 @@ def _mma_kernel(words_ptr, scales_ptr, s2_ptr, c_ptr, y_ptr, H_PER_G: gl.constex
         x8 = gl.permute(x8, [0, 3, 4, 5, 6, 1, 2, 7])
         A = gl.convert_layout(gl.reshape(x8, [R, 128]), a_op, assert_trivial=True)
         acc = mma_v2(A, Bm, gl.zeros([R, 8], gl.float32, layout=mma))
-        yv = gl.sum(gl.where(gl.expand_dims(out_cols, 0) < 2, acc, 0.0), axis=1)
+        if BLOCK_COLS:  # acc[r, n]: row r's dot over block n, times its scale
+            acc = mma_v2(A, Bl, acc)
+            yv = gl.sum(acc * sc.to(gl.float8e4nv, bitcast=True).to(gl.float32), axis=1)
+        else:
+            yv = gl.sum(gl.where(gl.expand_dims(out_cols, 0) < 2, acc, 0.0), axis=1)
         orow = r0 + out_rows
         s2 = gl.load(s2_ptr + orow // P)
         gl.store(y_ptr + orow, yv * (s2 * (16384.0 / 1024.0)))
@@ -304,10 +326,11 @@ def launch(kind, model, batch, words, scales, s2, c, y):
         stages = int(kind.rpartition("-")[2]) if kind.startswith("mma-async-") else 0
         _mma_kernel[(batch * groups * split,)](
             words, scales, s2, c, y, H_PER_G=heads // groups, P=p, GROUPS=groups,
-            WARPS_=WARPS, PREFETCH=kind.startswith("mma-prefetch") or kind == "mma-128",
+            WARPS_=WARPS,
+            PREFETCH=kind.startswith("mma-prefetch") or kind in ("mma-128", "mma-block-cols"),
             SPLIT_=split,
             STAGES=stages, AHEAD2=kind == "mma-ahead2", SCALES=kind != "mma-no-scales",
-            TWO_M=kind == "mma-128", num_warps=WARPS)
+            TWO_M=kind == "mma-128", BLOCK_COLS=kind == "mma-block-cols", num_warps=WARPS)
     else:
         _fma_kernel[grid](words, scales, s2, c, y, H_PER_G=heads // groups, P=p,
                           GROUPS=groups, R=ROWS, num_warps=WARPS)
@@ -396,11 +419,13 @@ def sass_counts(model: str):
     common = {"H_PER_G": heads // groups, "P": p, "GROUPS": groups}
     mma_sig = {**sig, **{name: "constexpr" for name in (
         "H_PER_G", "P", "GROUPS", "WARPS_", "PREFETCH", "SPLIT_", "STAGES", "AHEAD2", "SCALES",
-        "TWO_M")}}
+        "TWO_M", "BLOCK_COLS")}}
     mma_args = {**common, "WARPS_": WARPS, "PREFETCH": True, "SPLIT_": 1, "STAGES": 0,
-                "AHEAD2": False, "SCALES": True, "TWO_M": False}
+                "AHEAD2": False, "SCALES": True, "TWO_M": False, "BLOCK_COLS": False}
     srcs = {
         "mma": GluonASTSource(_mma_kernel, mma_sig, mma_args, attrs),
+        "mma-block-cols": GluonASTSource(_mma_kernel, mma_sig,
+                                         {**mma_args, "BLOCK_COLS": True}, attrs),
         "fma": ASTSource(_fma_kernel, {**sig, "H_PER_G": "constexpr", "P": "constexpr",
                                        "GROUPS": "constexpr", "R": "constexpr"},
                          {**common, "R": ROWS}, attrs),

@@ -164,11 +164,13 @@ def test_probe_nvfp4_encode_bits_equal_formats(tmp_path: Path) -> None:
 def test_probe_nvfp4_mma_compiles_without_a_layout_conversion(tmp_path: Path) -> None:
     """``probe_nvfp4_mma.py --sass``: the tensor-core probe compiles offline for sm_90
     with its operand built in registers (no shared memory, HMMA in the code), in 64- and
-    (super-120b) 128-row tiles, and its operand rows name every state column once."""
+    (super-120b) 128-row tiles and with the block scales after the product, and its
+    operand rows name every state column once."""
     r = run("probe_nvfp4_mma.py", "--sass", tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    mma = next(line for line in r.stdout.splitlines() if line.startswith("mma "))
-    assert "SHARED:0 " in mma and "'HMMA'" in mma
+    for kind in ("mma", "mma-block-cols"):
+        line = next(x for x in r.stdout.splitlines() if x.startswith(kind + " "))
+        assert "SHARED:0 " in line and "'HMMA'" in line
     assert "operand rows name every column once: True" in r.stdout
     r = run("probe_nvfp4_mma.py", "--sass", "--models", "nemotron-3-super-120b", tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
