@@ -13,6 +13,9 @@ the profiler's own filters, e.g. the flush of a Mamba-2 fp8 split design:
 
 ``--split FIELD=VALUE ...`` profiles a Mamba-2 launch configuration other than the
 defaults (``SplitConfig`` fields, e.g. ``--split maxnreg=96 out_weights=program``).
+``--design conventional`` and ``--design peer`` (Mamba-2) run ``--window`` steps of the
+conventional fp32 kernel or of mamba_ssm's ``selective_state_update`` (loaded from
+``--mamba-ssm-path``) the same way, for the same counters of the baselines.
 
 Exit 2 with one line on bad arguments or without a GPU.
 """
@@ -33,6 +36,9 @@ from precisionlab.presets import get_preset  # noqa: E402
 
 DESIGNS = {"replay-fp32": ("fp32", None), "split-fp32-fp8": ("fp32", "fp8-e4m3"),
            "split-fp16sr-nvfp4": ("fp16-sr", "nvfp4")}
+BASELINES = ("conventional", "peer")
+"""Mamba-2 only: the conventional fp32 step, and mamba_ssm's ``selective_state_update``
+(``--mamba-ssm-path``), ``--window`` steps of each."""
 MODELS = {"mamba2": "nemotron-3-nano-4b", "gdn": "qwen3.5-4b"}
 
 
@@ -91,6 +97,33 @@ def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device
                                z=inp["z"], dt_softplus=True, out=out)
 
 
+def _mamba2_baseline(model: str, batch: int, design: str, device, mamba_ssm_path: str | None):
+    """One step of the conventional kernel or of the peer, as ``bench_mamba2`` times them
+    (the conventional step with its defaults at this shape)."""
+    from precisionlab.kernels.mamba2_step import HeadParams, mamba2_conventional_step
+    from precisionlab.kernels.state import StateStore
+    from precisionlab.studies.bench_mamba2 import _Problem, load_mamba_ssm
+
+    prob = _Problem(model, batch, device)
+    inp = prob.step_inputs()
+    if design == "conventional":
+        store = StateStore.encode(prob.state(), "fp32")
+        head = HeadParams(prob.A, prob.D, prob.dt_bias)
+        out = torch.empty_like(inp["x"])
+        return lambda: mamba2_conventional_step(store, inp["x"], inp["dt"], inp["B"], inp["C"],
+                                                head, z=inp["z"], dt_softplus=True, out=out)
+    ssu = load_mamba_ssm(mamba_ssm_path or ".")
+    H, P, N = prob.H, prob.P, prob.N
+    state = prob.state()
+    A = prob.A[:, None, None].expand(H, P, N)
+    D = prob.D[:, None].expand(H, P)
+    dtb = prob.dt_bias[:, None].expand(H, P)
+    dt = inp["dt"][..., None].expand(batch, H, P)
+    idx = torch.arange(batch, dtype=torch.int32, device=device)
+    return lambda: ssu(state, inp["x"], dt, A, inp["B"], inp["C"], D=D, z=inp["z"],
+                       dt_bias=dtb, dt_softplus=True, state_batch_indices=idx)
+
+
 def _gdn_step(model: str, batch: int, ck: str, rd: str | None, L: int, device):
     from precisionlab.kernels.gdn_decode import GDNReplayCache
     from precisionlab.studies.bench_gdn import _inputs, _state0, shape_of
@@ -110,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", choices=sorted(MODELS), default="mamba2")
     ap.add_argument("--model", default=None, help="preset (default: nano-4b / qwen3.5-4b)")
-    ap.add_argument("--design", choices=sorted(DESIGNS), default="split-fp32-fp8")
+    ap.add_argument("--design", choices=sorted(DESIGNS) + list(BASELINES),
+                    default="split-fp32-fp8",
+                    help="a replay design, or (Mamba-2) the conventional step or the peer")
+    ap.add_argument("--mamba-ssm-path", default=None,
+                    help="a mamba_ssm checkout for --design peer (else the installed one)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--split", nargs="*", default=[], metavar="FIELD=VALUE",
@@ -127,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--model {model} is a {kind} model, not {args.kind}")
     if args.split and args.kind != "mamba2":
         ap.error("--split is for Mamba-2 designs")
-    ck, rd = DESIGNS[args.design]
+    if args.design in BASELINES and args.kind != "mamba2":
+        ap.error(f"--design {args.design} is for Mamba-2 (--kind mamba2)")
+    if args.mamba_ssm_path and not Path(args.mamba_ssm_path).is_dir():
+        ap.error(f"--mamba-ssm-path: no directory {args.mamba_ssm_path}")
+    ck, rd = DESIGNS.get(args.design, ("fp32", None))
     try:
         split_config = _split_config(args.split)
         if args.kind == "mamba2":  # the values, checked as the step will check them
@@ -138,7 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         print("profile_steps: needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    if args.kind == "mamba2":
+    if args.design in BASELINES:
+        try:
+            step = _mamba2_baseline(model, args.batch, args.design, device,
+                                    args.mamba_ssm_path)
+        except (ImportError, FileNotFoundError) as e:
+            print(f"profile_steps: no mamba_ssm to load ({e}); pass --mamba-ssm-path",
+                  file=sys.stderr)
+            return 2
+    elif args.kind == "mamba2":
         step = _mamba2_step(model, args.batch, ck, rd, args.window, device, split_config)
     else:
         step = _gdn_step(model, args.batch, ck, rd, args.window, device)
