@@ -316,3 +316,33 @@ def test_time_model_drift_writes_its_timings(tmp_path: Path) -> None:
         assert run_["total_s"] >= run_["before_first_step_s"] > 0
         assert set(run_["final_rel_err"]) == {"shared/nvfp4/L2", "split/nvfp4/L2"}
         assert all(v > 0 for v in run_["final_rel_err"].values())
+
+
+@pytest.mark.parametrize("metrics", ["0", "1"])
+def test_ncu_window_runs_the_profiler_once_per_design(metrics: str, tmp_path: Path) -> None:
+    """``ncu_window.sh`` (sections, or ``NCU_METRICS=1``: a metric list as a raw CSV in
+    base units) calls the profiler once per kind:design with that kind's kernel filter;
+    stand-ins for ``ncu`` and ``python3`` record the calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ncu").write_text('#!/bin/sh\necho "$@"\n')
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 0\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NCU_METRICS": metrics}
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "ncu_window.sh"), str(out),
+                        "mamba2:replay-fp32", "gdn:split-fp32-fp8"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    tag = "metrics" if metrics == "1" else "ncu"
+    m2 = (out / f"{tag}_mamba2_replay-fp32.csv").read_text()
+    gdn = (out / f"{tag}_gdn_split-fp32-fp8.csv").read_text()
+    assert "regex:^(m2_|mamba2_kernel)" in m2 and "--design replay-fp32" in m2
+    assert "regex:^_(out|prep|flush)_kernel" in gdn and "--kind gdn" in gdn
+    for text in (m2, gdn):
+        if metrics == "1":
+            assert "smsp__inst_executed.sum" in text and "--print-units base" in text
+            assert "--section" not in text
+        else:
+            assert "--section WarpStateStats" in text and "--metrics" not in text
