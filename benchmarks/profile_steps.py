@@ -98,30 +98,19 @@ def _mamba2_step(model: str, batch: int, ck: str, rd: str | None, L: int, device
 
 
 def _mamba2_baseline(model: str, batch: int, design: str, device, mamba_ssm_path: str | None):
-    """One step of the conventional kernel or of the peer, as ``bench_mamba2`` times them
-    (the conventional step with its defaults at this shape)."""
-    from precisionlab.kernels.mamba2_step import HeadParams, mamba2_conventional_step
-    from precisionlab.kernels.state import StateStore
-    from precisionlab.studies.bench_mamba2 import _Problem, load_mamba_ssm
+    """One step of the conventional kernel (its defaults at this shape) or of the peer,
+    built as ``bench_mamba2`` builds them for its timings."""
+    from precisionlab.studies.bench_mamba2 import (
+        _Problem,
+        conventional_layer,
+        load_mamba_ssm,
+        peer_layer,
+    )
 
     prob = _Problem(model, batch, device)
-    inp = prob.step_inputs()
     if design == "conventional":
-        store = StateStore.encode(prob.state(), "fp32")
-        head = HeadParams(prob.A, prob.D, prob.dt_bias)
-        out = torch.empty_like(inp["x"])
-        return lambda: mamba2_conventional_step(store, inp["x"], inp["dt"], inp["B"], inp["C"],
-                                                head, z=inp["z"], dt_softplus=True, out=out)
-    ssu = load_mamba_ssm(mamba_ssm_path or ".")
-    H, P, N = prob.H, prob.P, prob.N
-    state = prob.state()
-    A = prob.A[:, None, None].expand(H, P, N)
-    D = prob.D[:, None].expand(H, P)
-    dtb = prob.dt_bias[:, None].expand(H, P)
-    dt = inp["dt"][..., None].expand(batch, H, P)
-    idx = torch.arange(batch, dtype=torch.int32, device=device)
-    return lambda: ssu(state, inp["x"], dt, A, inp["B"], inp["C"], D=D, z=inp["z"],
-                       dt_bias=dtb, dt_softplus=True, state_batch_indices=idx)
+        return conventional_layer(prob)
+    return peer_layer(prob, load_mamba_ssm(mamba_ssm_path or "."))
 
 
 def _gdn_step(model: str, batch: int, ck: str, rd: str | None, L: int, device):

@@ -304,6 +304,37 @@ def _in_turn(fns: list[Callable[[], object]]) -> Callable[[], None]:
     return step
 
 
+def conventional_layer(prob: _Problem, cfg: tuple = (None, None),
+                       fmt: str = "fp32") -> Callable[[], object]:
+    """One layer's conventional step on a fresh state and inputs (``cfg``: (block_p,
+    num_warps), None for the kernel's defaults)."""
+    from precisionlab.kernels.mamba2_step import HeadParams, mamba2_conventional_step
+    from precisionlab.kernels.state import StateStore
+
+    head = HeadParams(prob.A, prob.D, prob.dt_bias)
+    store = StateStore.encode(prob.state(), fmt)
+    inp = prob.step_inputs()
+    out = torch.empty_like(inp["x"])
+    return lambda: mamba2_conventional_step(
+        store, inp["x"], inp["dt"], inp["B"], inp["C"], head, z=inp["z"], dt_softplus=True,
+        out=out, block_p=cfg[0], num_warps=cfg[1])
+
+
+def peer_layer(prob: _Problem, ssu: Callable) -> Callable[[], object]:
+    """One layer's step of the peer's ``selective_state_update`` on a fresh state and
+    inputs (per-head constants broadcast as its interface takes them)."""
+    H, P, N = prob.H, prob.P, prob.N
+    A = prob.A[:, None, None].expand(H, P, N)
+    D = prob.D[:, None].expand(H, P)
+    dtb = prob.dt_bias[:, None].expand(H, P)
+    idx = torch.arange(prob.batch, dtype=torch.int32, device=prob.device)
+    state = prob.state()
+    inp = prob.step_inputs()
+    dt = inp["dt"][..., None].expand(prob.batch, H, P)
+    return lambda: ssu(state, inp["x"], dt, A, inp["B"], inp["C"], D=D, z=inp["z"],
+                       dt_bias=dtb, dt_softplus=True, state_batch_indices=idx)
+
+
 class _Runner:
     """Builds and times one kernel at one (model, batch, window) point.  ``layers``:
     every captured step (conventional, peer, replay design) runs that many layers in
@@ -322,21 +353,10 @@ class _Runner:
 
     def conventional_graph(self, prob: _Problem, cfg, fmt: str = "fp32"):
         """The captured conventional step (``cfg``: (block_p, num_warps))."""
-        from precisionlab.kernels.mamba2_step import HeadParams, mamba2_conventional_step
-        from precisionlab.kernels.state import StateStore
         from precisionlab.timing import capture
 
-        head = HeadParams(prob.A, prob.D, prob.dt_bias)
-
-        def layer():
-            store = StateStore.encode(prob.state(), fmt)
-            inp = prob.step_inputs()
-            out = torch.empty_like(inp["x"])
-            return lambda: mamba2_conventional_step(
-                store, inp["x"], inp["dt"], inp["B"], inp["C"], head, z=inp["z"],
-                dt_softplus=True, out=out, block_p=cfg[0], num_warps=cfg[1])
-
-        return capture(_in_turn([layer() for _ in range(self.layers)]))
+        return capture(_in_turn([conventional_layer(prob, cfg, fmt)
+                                 for _ in range(self.layers)]))
 
     def peer(self, prob: _Problem, ssu: Callable) -> list[float]:
         return [self.timer.median(self.peer_graph(prob, ssu), 4 * self.rounds) / self.layers]
@@ -345,20 +365,7 @@ class _Runner:
         """The captured step of the peer's ``selective_state_update``."""
         from precisionlab.timing import capture
 
-        H, P, N = prob.H, prob.P, prob.N
-        A = prob.A[:, None, None].expand(H, P, N)
-        D = prob.D[:, None].expand(H, P)
-        dtb = prob.dt_bias[:, None].expand(H, P)
-        idx = torch.arange(prob.batch, dtype=torch.int32, device=prob.device)
-
-        def layer():
-            state = prob.state()
-            inp = prob.step_inputs()
-            dt = inp["dt"][..., None].expand(prob.batch, H, P)
-            return lambda: ssu(state, inp["x"], dt, A, inp["B"], inp["C"], D=D, z=inp["z"],
-                               dt_bias=dtb, dt_softplus=True, state_batch_indices=idx)
-
-        return capture(_in_turn([layer() for _ in range(self.layers)]))
+        return capture(_in_turn([peer_layer(prob, ssu) for _ in range(self.layers)]))
 
     def replay(self, prob: _Problem, ck: str, rd: str | None, L: int, cfg,
                compile_only: bool = False) -> list[float]:
