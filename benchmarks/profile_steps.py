@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--split is for Mamba-2 designs")
     if args.design in BASELINES and args.kind != "mamba2":
         ap.error(f"--design {args.design} is for Mamba-2 (--kind mamba2)")
+    if args.design in BASELINES and args.split:
+        ap.error(f"--split applies to the replay designs, not --design {args.design}")
     if args.mamba_ssm_path and not Path(args.mamba_ssm_path).is_dir():
         ap.error(f"--mamba-ssm-path: no directory {args.mamba_ssm_path}")
     ck, rd = DESIGNS.get(args.design, ("fp32", None))

@@ -30,6 +30,8 @@ def run(script: str, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     ("profile_steps.py", ["--split", "no_such_field=1"], "SplitConfig field"),
     ("profile_steps.py", ["--kind", "gdn", "--split", "maxnreg=96"], "for Mamba-2"),
     ("profile_steps.py", ["--kind", "gdn", "--design", "peer"], "is for Mamba-2"),
+    ("profile_steps.py", ["--design", "conventional", "--split", "maxnreg=96"],
+     "--split applies to the replay designs"),
     ("profile_steps.py", ["--design", "peer", "--mamba-ssm-path", "no/such/dir"],
      "no directory"),
     ("profile_steps.py", ["--split", "flush_prefetch=-1"],
